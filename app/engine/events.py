@@ -1,0 +1,216 @@
+"""Typed events the engine emits while it works (ENGINE.md E-28).
+
+Every event is a small frozen dataclass. ``channel`` is the SSE event name and ``data()`` the JSON
+payload of the source's table; only ``app.streaming.sse`` turns them into wire text (adding
+``run_id``). Nothing else in the engine builds event dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+Channel = Literal["step", "answer", "compact", "phase", "inject", "done"]
+RunStatus = Literal["running", "completed", "failed", "cancelled"]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage summed over every LLM call of a run; ``llm_calls`` counts retries too."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    llm_calls: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.total_tokens += other.total_tokens
+        self.llm_calls += other.llm_calls
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "llm_calls": self.llm_calls,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingStarted:
+    iteration: int
+    kind: Literal["thinking_start"] = "thinking_start"
+    channel: ClassVar[Channel] = "step"
+
+    def data(self) -> dict[str, Any]:
+        return {"type": "thinking", "status": "start", "iteration": self.iteration}
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDone:
+    iteration: int
+    reasoning: str
+    kind: Literal["thinking_done"] = "thinking_done"
+    channel: ClassVar[Channel] = "step"
+
+    def data(self) -> dict[str, Any]:
+        return {"type": "thinking", "status": "done", "iteration": self.iteration, "reasoning": self.reasoning}
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStarted:
+    iteration: int
+    tool_name: str
+    tool_args: dict[str, Any]
+    kind: Literal["iteration_start"] = "iteration_start"
+    channel: ClassVar[Channel] = "step"
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "type": "iteration",
+            "status": "start",
+            "iteration": self.iteration,
+            "tool_name": self.tool_name,
+            "tool_args": self.tool_args,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IterationDone:
+    iteration: int
+    tool_name: str
+    observation: str
+    error: str | None
+    iter_elapsed: float
+    kind: Literal["iteration_done"] = "iteration_done"
+    channel: ClassVar[Channel] = "step"
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "type": "iteration",
+            "status": "done",
+            "iteration": self.iteration,
+            "tool_name": self.tool_name,
+            "observation": self.observation,
+            "error": self.error,
+            "iter_elapsed": round(self.iter_elapsed, 4),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerSignalled:
+    """The loop is done and synthesis is about to start (``step {type: "answer"}``)."""
+
+    kind: Literal["answer_signal"] = "answer_signal"
+    channel: ClassVar[Channel] = "step"
+
+    def data(self) -> dict[str, Any]:
+        return {"type": "answer", "status": "start"}
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerStarted:
+    kind: Literal["answer_start"] = "answer_start"
+    channel: ClassVar[Channel] = "answer"
+
+    def data(self) -> dict[str, Any]:
+        return {"status": "start"}
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerDelta:
+    content: str
+    kind: Literal["answer_delta"] = "answer_delta"
+    channel: ClassVar[Channel] = "answer"
+
+    def data(self) -> dict[str, Any]:
+        return {"status": "delta", "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerDone:
+    kind: Literal["answer_done"] = "answer_done"
+    channel: ClassVar[Channel] = "answer"
+
+    def data(self) -> dict[str, Any]:
+        return {"status": "done"}
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    original_messages: int
+    kept_messages: int
+    kind: Literal["compact"] = "compact"
+    channel: ClassVar[Channel] = "compact"
+
+    def data(self) -> dict[str, Any]:
+        return {"original_messages": self.original_messages, "kept_messages": self.kept_messages}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseChanged:
+    phase: str
+    total_tools: int
+    kind: Literal["phase"] = "phase"
+    channel: ClassVar[Channel] = "phase"
+
+    def data(self) -> dict[str, Any]:
+        return {"phase": self.phase, "total_tools": self.total_tools}
+
+
+@dataclass(frozen=True, slots=True)
+class Injected:
+    content: str
+    kind: Literal["inject"] = "inject"
+    channel: ClassVar[Channel] = "inject"
+
+    def data(self) -> dict[str, Any]:
+        return {"type": "inject", "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class RunDone:
+    """The last event of every run, whatever happened."""
+
+    answer: str
+    iterations: int
+    usage: dict[str, int]
+    elapsed: float
+    status: RunStatus
+    error: str | None = None
+    pending_injections: tuple[str, ...] = field(default=())
+    kind: Literal["done"] = "done"
+    channel: ClassVar[Channel] = "done"
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "answer": self.answer,
+            "iterations": self.iterations,
+            "usage": dict(self.usage),
+            "elapsed": round(self.elapsed, 4),
+            "status": self.status,
+            "error": self.error,
+            "pending_injections": list(self.pending_injections),
+        }
+
+
+EngineEvent = (
+    ThinkingStarted
+    | ThinkingDone
+    | IterationStarted
+    | IterationDone
+    | AnswerSignalled
+    | AnswerStarted
+    | AnswerDelta
+    | AnswerDone
+    | Compacted
+    | PhaseChanged
+    | Injected
+    | RunDone
+)
+
+EventSink = Callable[[EngineEvent], Awaitable[None]]
+"""Where the engine delivers its events; the run manager passes one that publishes to the bus."""

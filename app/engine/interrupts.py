@@ -1,0 +1,47 @@
+"""The InterruptQueue: follow-up messages a user sends while a run works (E-22 to E-25).
+
+The engine only needs ``drain()``; the service feeds ``put()``. ``MemoryInterruptQueue`` serves one
+process; the Redis-backed queue in ``app.streaming`` crosses processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol, runtime_checkable
+
+INTERRUPT_MARKER = "[USER INTERRUPT]"
+
+
+@runtime_checkable
+class InterruptQueue(Protocol):
+    async def put(self, content: str) -> int:
+        """Queue a message; returns how many are queued now."""
+        ...
+
+    async def drain(self) -> list[str]:
+        """Take every queued message, oldest first, atomically."""
+        ...
+
+
+class MemoryInterruptQueue:
+    def __init__(self) -> None:
+        self._items: list[str] = []
+        self._lock = asyncio.Lock()
+
+    async def put(self, content: str) -> int:
+        async with self._lock:
+            self._items.append(content)
+            return len(self._items)
+
+    async def drain(self) -> list[str]:
+        async with self._lock:
+            items, self._items = self._items, []
+            return items
+
+
+def merge_interrupts(contents: list[str]) -> str:
+    """All messages of one drain become ONE user message, marked, so the model sees them together."""
+    if len(contents) == 1:
+        return f"{INTERRUPT_MARKER} {contents[0]}"
+    lines = "\n".join(f"{i}. {c}" for i, c in enumerate(contents, 1))
+    return f"{INTERRUPT_MARKER} The user sent follow-up messages while you were working:\n{lines}"

@@ -1,0 +1,1 @@
+"""The LLM port: a small protocol, an OpenAI-compatible client and the offline demo model."""

@@ -1,0 +1,141 @@
+"""The LLM protocol the engine depends on, and the message and result types it speaks.
+
+Two implementations: ``app.llm.openai_client.OpenAICompatibleLLM`` (any OpenAI-compatible
+endpoint) and ``app.llm.demo.DemoLLM`` (offline and deterministic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call requested by the model; ``arguments`` is the raw JSON text the model sent."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """A chat message as the engine keeps it.
+
+    ``pinned`` messages survive context compaction (user interrupts, the question); it is engine
+    bookkeeping and never sent to the provider.
+    """
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    pinned: bool = False
+
+    def to_openai(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role != "tool":
+            msg["name"] = self.name
+        return msg
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ChatResult:
+    """The reply of one non-streaming call.
+
+    ``attempts`` is how many HTTP calls it took (retries included), so that usage can count them.
+    """
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning_content: str | None = None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    finish_reason: str | None = None
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """Last item of a stream: the usage the provider reported and how many attempts it took."""
+
+    usage: TokenUsage
+    attempts: int = 1
+
+
+StreamItem = TextDelta | StreamEnd
+
+
+class LLMError(Exception):
+    """Base of every error an LLM implementation raises."""
+
+
+class LLMUnavailableError(LLMError):
+    """The provider could not be reached after all retries (429, 5xx, timeouts, connection)."""
+
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class LLMResponseError(LLMError):
+    """The provider answered, but the reply is unusable (not JSON, no choices, ...)."""
+
+    def __init__(self, message: str, *, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """What the engine needs of a model. One instance serves every call of a run (E-02)."""
+
+    @property
+    def abilities(self) -> Mapping[str, bool]:
+        """``tool_call``, ``json_mode``, ``streaming``: what the model supports."""
+        ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    async def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        response_format: Mapping[str, Any] | None = None,
+    ) -> ChatResult:
+        """One non-streaming call. Raises ``LLMUnavailableError`` or ``LLMResponseError``."""
+        ...
+
+    def stream_chat(self, messages: Sequence[ChatMessage]) -> AsyncIterator[StreamItem]:
+        """Stream the reply as ``TextDelta`` items, then one ``StreamEnd``.
+
+        Retries happen only before the first delta was yielded, so a client never sees a token
+        twice; a failure after that raises.
+        """
+        ...

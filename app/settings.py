@@ -1,0 +1,79 @@
+"""Every setting of the service, read from the environment or a ``.env`` file (API.md).
+
+Nothing else in the package reads ``os.environ``. ``Settings()`` is built by ``create_app`` / the
+CLI, never at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/agentstream.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    # LLM
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_abilities: str = "tool_call,json_mode,streaming"
+    llm_timeout_s: float = Field(default=60.0, gt=0)
+    llm_max_retries: int = Field(default=3, ge=0, le=20)
+
+    # storage and transport
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str | None = None
+    redis_key_prefix: str = "agentstream"
+
+    # auth
+    api_keys: SecretStr | None = None
+
+    # engine
+    react_max_iterations: int = Field(default=50, ge=1, le=1000)
+    react_cycle_detection_threshold: int = Field(default=3, ge=1)
+    react_completion_check_min_tools: int = Field(default=3, ge=1)
+    react_self_reflection_interval: int = Field(default=6, ge=1)
+    tool_selection_threshold: int = Field(default=12, ge=1)
+    context_token_budget: int = Field(default=32000, ge=1000)
+
+    # streaming and runs
+    sse_ping_seconds: float = Field(default=15.0, gt=0)
+    stream_retention_s: int = Field(default=600, ge=1)
+    run_lease_s: float = Field(default=30.0, gt=0)
+    shutdown_grace_s: float = Field(default=20.0, ge=0)
+
+    # service
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+    mcp_servers: str | None = None
+    """JSON list of MCP server configs (see README)."""
+
+    @field_validator("llm_base_url", "redis_url", "mcp_servers", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @property
+    def abilities(self) -> dict[str, bool]:
+        names = {a.strip() for a in self.llm_abilities.split(",") if a.strip()}
+        return {a: a in names for a in ("tool_call", "json_mode", "streaming")}
+
+    def owner_keys(self) -> dict[str, str]:
+        """``{key: owner}`` from ``API_KEYS`` (``owner:key,...``); empty means single-user mode."""
+        if self.api_keys is None:
+            return {}
+        out: dict[str, str] = {}
+        for item in self.api_keys.get_secret_value().split(","):
+            item = item.strip()
+            if not item:
+                continue
+            owner, sep, key = item.partition(":")
+            if not sep or not owner.strip() or not key.strip():
+                raise ValueError("API_KEYS entries must look like owner:key")
+            out[key.strip()] = owner.strip()
+        return out

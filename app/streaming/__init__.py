@@ -1,0 +1,1 @@
+"""The event transport: buses (in-process, Redis Streams), SSE encoding, resume cursors."""

@@ -1,0 +1,84 @@
+"""The event bus interface, the event record every reader sees, and conversation cursors.
+
+A cursor is ``"<ms>-<seq>"`` (the Redis Stream entry id format) and increases within a
+conversation. The publisher of a conversation (only one run is active per conversation) assigns
+ids itself, so the same id is written to the bus and to the database, and ids stay increasing
+even if Redis restarts empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+ZERO_CURSOR = "0-0"
+
+
+def parse_cursor(cursor: str) -> tuple[int, int]:
+    """``"ms-seq"`` -> ``(ms, seq)``; raises ``ValueError`` on anything else."""
+    ms, sep, seq = cursor.partition("-")
+    if not sep or not ms.isdigit() or not seq.isdigit() or len(ms) > 20 or len(seq) > 20:
+        raise ValueError(f"invalid cursor {cursor!r}")
+    return int(ms), int(seq)
+
+
+def format_cursor(ms: int, seq: int) -> str:
+    return f"{ms}-{seq}"
+
+
+def next_cursor(last: str | None, now_ms: int) -> str:
+    """The smallest cursor after ``last`` that is not earlier than ``now_ms``."""
+    if last is None:
+        return format_cursor(now_ms, 0)
+    ms, seq = parse_cursor(last)
+    if now_ms > ms:
+        return format_cursor(now_ms, 0)
+    return format_cursor(ms, seq + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event as every reader sees it: live, replayed or from the database.
+
+    ``data`` is the JSON text of the payload (it carries ``run_id``), encoded once by the publisher.
+    """
+
+    id: str
+    event: str
+    data: str
+    run_id: str
+
+    @property
+    def is_done(self) -> bool:
+        return self.event == "done"
+
+
+class EventBus(Protocol):
+    async def append(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+        """Append events (ids already assigned, increasing) in one round trip."""
+        ...
+
+    async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
+        """Events with id > ``after`` that the bus still holds, oldest first."""
+        ...
+
+    async def oldest_id(self, conversation_id: str) -> str | None:
+        """Id of the oldest event the bus still holds for the conversation, None if it holds none."""
+        ...
+
+    async def last_id(self, conversation_id: str) -> str | None: ...
+
+    def follow(self, conversation_id: str, after: str) -> AsyncIterator[StoredEvent]:
+        """Events with id > ``after`` as they are appended (replay what is held, then live)."""
+        ...
+
+    async def expire(self, conversation_id: str, seconds: int) -> None:
+        """Forget the conversation's events ``seconds`` from now (called after ``done``)."""
+        ...
+
+    async def delete(self, conversation_id: str) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...

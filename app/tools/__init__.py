@@ -1,0 +1,1 @@
+"""Tools the agent may call: the registry, the built-ins and the MCP adapter."""

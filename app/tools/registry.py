@@ -1,0 +1,127 @@
+"""The tool registry: named async callables with JSON-schema parameters, run with a timeout.
+
+An exception, a timeout or an unknown tool becomes a ``ToolResult`` with ``error`` set, never a
+raised exception (E-26).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A file a tool produced (HTML or markdown) that the UI previews; the LLM sees only a marker."""
+
+    filename: str
+    mime_type: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool function may return instead of a plain string."""
+
+    content: str
+    artifact: Artifact | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    content: str
+    error: str | None = None
+    artifact: Artifact | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+ToolFunc = Callable[..., Awaitable[str | ToolOutput]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    func: ToolFunc
+    writes: bool = False
+    """Marks tools with side effects; the read-only hook blocks them."""
+    timeout_s: float = 30.0
+
+    def one_line(self, width: int = 80) -> str:
+        """Compact catalog line for tool selection: name and first line of the description."""
+        first = self.description.strip().splitlines()[0] if self.description.strip() else ""
+        line = f"{self.name}: {first}"
+        return line if len(line) <= width else line[: width - 1] + "…"
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
+
+
+@dataclass(slots=True)
+class ToolRegistry:
+    _tools: dict[str, Tool] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tools: Iterable[Tool]) -> ToolRegistry:
+        reg = cls()
+        for tool in tools:
+            reg.register(tool)
+        return reg
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def subset(self, names: Iterable[str]) -> ToolRegistry:
+        """A registry of the named tools that exist here, in the order given; unknown names are skipped."""
+        reg = ToolRegistry()
+        for name in names:
+            tool = self._tools.get(name)
+            if tool is not None and name not in reg:
+                reg.register(tool)
+        return reg
+
+    def openai_schemas(self) -> list[dict[str, Any]]:
+        return [t.openai_schema() for t in self._tools.values()]
+
+    async def execute(self, name: str, args: Mapping[str, Any]) -> ToolResult:
+        tool = self._tools.get(name)
+        if tool is None:
+            available = ", ".join(self._tools) or "none"
+            return ToolResult(content="", error=f"Tool '{name}' not found. Available tools: {available}")
+        try:
+            out = await asyncio.wait_for(tool.func(**args), timeout=tool.timeout_s)
+        except TimeoutError:
+            return ToolResult(content="", error=f"Tool '{name}' timed out after {tool.timeout_s:g}s")
+        except TypeError as exc:
+            return ToolResult(content="", error=f"Invalid arguments for tool '{name}': {exc}")
+        except Exception as exc:
+            return ToolResult(content="", error=f"{type(exc).__name__}: {exc}")
+        if isinstance(out, ToolOutput):
+            return ToolResult(content=out.content, artifact=out.artifact)
+        return ToolResult(content=str(out))
