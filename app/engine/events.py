@@ -85,11 +85,13 @@ class IterationDone:
     observation: str
     error: str | None
     iter_elapsed: float
+    artifact: dict[str, str] | None = None
+    """``{filename, mime_type, content}`` when the tool produced a file the UI can preview."""
     kind: Literal["iteration_done"] = "iteration_done"
     channel: ClassVar[Channel] = "step"
 
     def data(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "type": "iteration",
             "status": "done",
             "iteration": self.iteration,
@@ -98,6 +100,9 @@ class IterationDone:
             "error": self.error,
             "iter_elapsed": round(self.iter_elapsed, 4),
         }
+        if self.artifact is not None:
+            out["artifact"] = self.artifact
+        return out
 
 
 @dataclass(frozen=True, slots=True)
