@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     mcp_servers: str | None = None
     """JSON list of MCP server configs (see README)."""
+    tool_rate_limit_per_minute: int = Field(default=120, ge=1)
+    """Tool calls allowed per conversation per minute (a PreToolUse hook enforces it)."""
+    demo_delay_s: float = Field(default=0.03, ge=0, le=5)
+    """Pause between the words the demo model streams, so that a person can watch it type."""
 
     @field_validator("llm_base_url", "redis_url", "mcp_servers", mode="before")
     @classmethod

@@ -1,0 +1,61 @@
+"""FastAPI dependencies as ``Annotated`` aliases: the services container and the caller's identity."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.container import Services
+from app.errors import UnauthorizedError
+
+SINGLE_USER_OWNER = "local"
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def _owner_for(services: Services, presented: str | None) -> str:
+    keys = services.owner_keys
+    if not keys:
+        return SINGLE_USER_OWNER
+    if not presented:
+        raise UnauthorizedError("missing API key: send Authorization: Bearer <key>")
+    owner: str | None = None
+    # Compare against every key so the time taken does not reveal which prefix matched.
+    for key, who in keys.items():
+        if hmac.compare_digest(key.encode(), presented.encode()):
+            owner = who
+    if owner is None:
+        raise UnauthorizedError("invalid API key")
+    return owner
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise UnauthorizedError("the Authorization header must be 'Bearer <key>'")
+    return value.strip()
+
+
+def get_owner(request: Request, services: ServicesDep) -> str:
+    return _owner_for(services, _bearer(request))
+
+
+def get_stream_owner(request: Request, services: ServicesDep) -> str:
+    """The stream route also accepts ``?access_token=``: an EventSource cannot set headers."""
+    token = _bearer(request) or request.query_params.get("access_token")
+    return _owner_for(services, token)
+
+
+OwnerDep = Annotated[str, Depends(get_owner)]
+StreamOwnerDep = Annotated[str, Depends(get_stream_owner)]

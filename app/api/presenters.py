@@ -1,0 +1,58 @@
+"""Turn repository records into the response bodies of API.md."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import orjson
+
+from app.api.schemas import ConversationOut, EventOut, MessageOut, RunOut
+from app.db.repositories import ConversationRecord, MessageRecord, RunRecord
+from app.streaming.bus import StoredEvent
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def conversation_out(conv: ConversationRecord) -> ConversationOut:
+    return ConversationOut(
+        id=conv.id,
+        title=conv.title,
+        agent=dict(conv.agent_config or {}),
+        created_at=iso(conv.created_at) or "",
+        updated_at=iso(conv.updated_at) or "",
+    )
+
+
+def message_out(msg: MessageRecord) -> MessageOut:
+    return MessageOut(
+        role=msg.role,
+        content=msg.content,
+        tool_calls=list(msg.tool_calls) if msg.tool_calls else None,
+        tool_call_id=msg.tool_call_id,
+        run_id=msg.run_id,
+        pinned=msg.pinned,
+        created_at=iso(msg.created_at) or "",
+    )
+
+
+def run_out(run: RunRecord) -> RunOut:
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "llm_calls": 0}
+    usage.update({k: int(v) for k, v in (run.usage or {}).items() if k in usage})
+    return RunOut(
+        run_id=run.id,
+        conversation_id=run.conversation_id,
+        status=run.status,
+        answer=run.answer,
+        iterations=run.iterations,
+        usage=usage,
+        elapsed=run.elapsed,
+        error=run.error,
+        created_at=iso(run.created_at) or "",
+        finished_at=iso(run.finished_at),
+    )
+
+
+def event_out(ev: StoredEvent) -> EventOut:
+    return EventOut(id=ev.id, event=ev.event, data=orjson.loads(ev.data))

@@ -1,0 +1,142 @@
+"""Conversations and the commands on their runs: start, interrupt, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, Response, status
+
+from app.api.deps import OwnerDep, ServicesDep
+from app.api.presenters import conversation_out, message_out
+from app.api.schemas import (
+    Accepted,
+    ConversationCreate,
+    ConversationDetail,
+    ConversationOut,
+    ConversationPage,
+    ErrorResponse,
+    InterruptCreate,
+    Queued,
+    RunCreate,
+    RunStarted,
+)
+from app.container import Services
+from app.db.repositories import ConversationRecord
+from app.errors import InvalidInputError, NotFoundError
+
+router = APIRouter(tags=["conversations"])
+
+IdPath = Annotated[str, "conversation id"]
+ERRORS = {
+    401: {"model": ErrorResponse},
+    404: {"model": ErrorResponse},
+    409: {"model": ErrorResponse},
+    422: {"model": ErrorResponse},
+}
+
+
+async def owned_conversation(services: Services, owner: str, conversation_id: str) -> ConversationRecord:
+    conv = None
+    if 0 < len(conversation_id) <= 128:
+        conv = await services.conversations.get(owner, conversation_id)
+    if conv is None:
+        raise NotFoundError("conversation not found")
+    return conv
+
+
+def stream_url(conversation_id: str) -> str:
+    return f"/api/conversations/{conversation_id}/stream"
+
+
+@router.post("/api/conversations", status_code=status.HTTP_201_CREATED, response_model=ConversationOut, responses=ERRORS)
+async def create_conversation(
+    services: ServicesDep, owner: OwnerDep, body: Annotated[ConversationCreate | None, Body()] = None
+) -> ConversationOut:
+    body = body or ConversationCreate()
+    agent = body.agent.model_dump(exclude_none=True) if body.agent else {}
+    unknown = [name for name in agent.get("tools", []) if name not in services.tools]
+    if unknown:
+        raise InvalidInputError(f"unknown tools: {', '.join(unknown)}; see GET /api/tools")
+    conv = await services.conversations.create(owner, body.title or "New conversation", agent)
+    return conversation_out(conv)
+
+
+@router.get("/api/conversations", response_model=ConversationPage, responses=ERRORS)
+async def list_conversations(
+    services: ServicesDep,
+    owner: OwnerDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=256)] = None,
+) -> ConversationPage:
+    try:
+        items, next_cursor = await services.conversations.list(owner, limit, cursor)
+    except ValueError as exc:
+        raise InvalidInputError("invalid cursor") from exc
+    return ConversationPage(items=[conversation_out(c) for c in items], next_cursor=next_cursor)
+
+
+@router.get("/api/conversations/{conversation_id}", response_model=ConversationDetail, responses=ERRORS)
+async def get_conversation(conversation_id: IdPath, services: ServicesDep, owner: OwnerDep) -> ConversationDetail:
+    conv = await owned_conversation(services, owner, conversation_id)
+    messages = await services.conversations.messages(conv.id)
+    active = await services.runs.active(conv.id)
+    base = conversation_out(conv)
+    return ConversationDetail(
+        **base.model_dump(), messages=[message_out(m) for m in messages], active_run_id=active.id if active else None
+    )
+
+
+@router.delete("/api/conversations/{conversation_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
+async def delete_conversation(conversation_id: IdPath, services: ServicesDep, owner: OwnerDep) -> Response:
+    conv = await owned_conversation(services, owner, conversation_id)
+    active = await services.runs.active(conv.id)
+    if active is not None:
+        await services.manager.cancel(conv)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if await services.runs.active(conv.id) is None:
+                break
+            await asyncio.sleep(0.05)
+    await services.conversations.delete(owner, conv.id)
+    try:
+        await services.bus.delete(conv.id)
+    except Exception:  # the database is the record; an unreachable bus expires the stream by itself
+        pass
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post(
+    "/api/conversations/{conversation_id}/runs",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=RunStarted,
+    responses=ERRORS,
+)
+async def start_run(conversation_id: IdPath, body: RunCreate, services: ServicesDep, owner: OwnerDep) -> RunStarted:
+    conv = await owned_conversation(services, owner, conversation_id)
+    run = await services.manager.start_run(conv, body.message)
+    return RunStarted(run_id=run.id, conversation_id=conv.id, status="running", stream_url=stream_url(conv.id))
+
+
+@router.post(
+    "/api/conversations/{conversation_id}/interrupt",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Queued,
+    responses=ERRORS,
+)
+async def interrupt(conversation_id: IdPath, body: InterruptCreate, services: ServicesDep, owner: OwnerDep) -> Queued:
+    conv = await owned_conversation(services, owner, conversation_id)
+    return Queued(queued=await services.manager.interrupt(conv, body.content))
+
+
+@router.post(
+    "/api/conversations/{conversation_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Accepted,
+    responses=ERRORS,
+)
+async def cancel(conversation_id: IdPath, services: ServicesDep, owner: OwnerDep) -> Accepted:
+    conv = await owned_conversation(services, owner, conversation_id)
+    run = await services.manager.cancel(conv)
+    return Accepted(run_id=run.id, status="cancelling")

@@ -1,0 +1,33 @@
+"""Runs: their outcome and their durable event log."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import OwnerDep, ServicesDep
+from app.api.presenters import event_out, run_out
+from app.api.schemas import ErrorResponse, EventOut, RunOut
+from app.container import Services
+from app.db.repositories import RunRecord
+from app.errors import NotFoundError
+
+router = APIRouter(tags=["runs"])
+ERRORS = {401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
+
+
+async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
+    run = await services.runs.get(owner, run_id) if 0 < len(run_id) <= 128 else None
+    if run is None:
+        raise NotFoundError("run not found")
+    return run
+
+
+@router.get("/api/runs/{run_id}", response_model=RunOut, responses=ERRORS)
+async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
+    return run_out(await owned_run(services, owner, run_id))
+
+
+@router.get("/api/runs/{run_id}/events", response_model=list[EventOut], responses=ERRORS)
+async def run_events(run_id: str, services: ServicesDep, owner: OwnerDep) -> list[EventOut]:
+    run = await owned_run(services, owner, run_id)
+    return [event_out(ev) for ev in await services.events.for_run(run.id)]

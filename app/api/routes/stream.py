@@ -1,0 +1,114 @@
+"""The conversation's event stream (SSE) and the curl convenience route ``POST /api/chat``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app.api.deps import OwnerDep, ServicesDep, StreamOwnerDep
+from app.api.routes.conversations import ERRORS, owned_conversation
+from app.api.schemas import ChatRequest
+from app.container import Services
+from app.errors import InvalidInputError
+from app.streaming.bus import parse_cursor
+from app.streaming.resume import stream_events
+from app.streaming.sse import encode_event
+
+router = APIRouter(tags=["stream"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# A client that stops reading for this long is dropped, so its buffers cannot grow without bound;
+# it reconnects with its cursor and loses nothing.
+SEND_TIMEOUT_S = 60.0
+
+
+def _ping() -> ServerSentEvent:
+    return ServerSentEvent(comment="ping")
+
+
+async def _encoded(services: Services, conversation_id: str, after: str) -> AsyncIterator[bytes]:
+    services.metrics.active_streams.inc()
+    try:
+        async for event in stream_events(services.bus, services.events, conversation_id, after):
+            yield encode_event(event)
+    finally:
+        services.metrics.active_streams.dec()
+
+
+def sse_response(services: Services, conversation_id: str, after: str) -> EventSourceResponse:
+    return EventSourceResponse(
+        _encoded(services, conversation_id, after),
+        headers=SSE_HEADERS,
+        ping=services.settings.sse_ping_seconds,
+        ping_message_factory=_ping,
+        sep="\n",
+        send_timeout=SEND_TIMEOUT_S,
+    )
+
+
+def _valid_cursor(value: str, source: str) -> str:
+    try:
+        parse_cursor(value)
+    except ValueError:
+        raise InvalidInputError(f"{source} must be an event id such as 1700000000000-0") from None
+    return value
+
+
+async def _has_events_after(services: Services, conversation_id: str, cursor: str) -> bool:
+    try:
+        if await services.bus.read_after(conversation_id, cursor, limit=1):
+            return True
+    except Exception:  # bus down: the database decides
+        pass
+    return bool(await services.events.read_after(conversation_id, cursor, limit=1))
+
+
+@router.get(
+    "/api/conversations/{conversation_id}/stream",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}, 204: {"description": "nothing more to stream"}},
+    response_model=None,
+)
+async def stream(
+    conversation_id: str,
+    request: Request,
+    services: ServicesDep,
+    owner: StreamOwnerDep,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
+    access_token: Annotated[str | None, Query(max_length=512)] = None,
+) -> Response:
+    del request, access_token  # read by StreamOwnerDep
+    conv = await owned_conversation(services, owner, conversation_id)
+    # An EventSource reconnect sends Last-Event-ID and may still carry the original ?after=:
+    # the header is the newer position.
+    if last_event_id:
+        cursor: str | None = _valid_cursor(last_event_id.strip(), "Last-Event-ID")
+    elif after:
+        cursor = _valid_cursor(after, "after")
+    else:
+        cursor = None
+    if cursor is None:
+        run = await services.runs.active(conv.id) or await services.runs.latest(conv.id)
+        if run is None:
+            return Response(status_code=status.HTTP_204_NO_CONTENT)
+        cursor = run.start_cursor
+    elif await services.runs.active(conv.id) is None and not await _has_events_after(services, conv.id, cursor):
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return sse_response(services, conv.id, cursor)
+
+
+@router.post(
+    "/api/chat",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    response_model=None,
+)
+async def chat(body: ChatRequest, services: ServicesDep, owner: OwnerDep) -> EventSourceResponse:
+    if body.conversation_id:
+        conv = await owned_conversation(services, owner, body.conversation_id)
+    else:
+        conv = await services.conversations.create(owner, body.message.splitlines()[0][:80] or "Chat", {})
+    run = await services.manager.start_run(conv, body.message)
+    return sse_response(services, conv.id, run.start_cursor)

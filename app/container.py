@@ -1,0 +1,30 @@
+"""``Services``: everything a request needs, built once per app by the lifespan in ``app.main``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.db.repositories import ConversationRepo, EventRepo, RunRepo
+from app.db.session import Database
+from app.observability import Metrics
+from app.runs.manager import RunManager
+from app.settings import Settings
+from app.streaming.bus import EventBus
+from app.tools.registry import ToolRegistry
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    conversations: ConversationRepo
+    runs: RunRepo
+    events: EventRepo
+    bus: EventBus
+    tools: ToolRegistry
+    manager: RunManager
+    metrics: Metrics
+    owner_keys: dict[str, str]
+    redis: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,44 @@
+"""Domain errors of the service; ``app.api.errors`` maps each to its HTTP answer, in one place."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of the errors a request can run into; ``code`` is the wire error code."""
+
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFoundError(ServiceError):
+    code = "not_found"
+    status = 404
+
+
+class RunActiveConflict(ServiceError):
+    code = "run_active"
+    status = 409
+
+
+class NoActiveRunError(ServiceError):
+    code = "no_active_run"
+    status = 409
+
+
+class InvalidInputError(ServiceError):
+    code = "invalid_request"
+    status = 422
+
+
+class UnauthorizedError(ServiceError):
+    code = "unauthorized"
+    status = 401
+
+
+class ShuttingDownError(ServiceError):
+    code = "shutting_down"
+    status = 503

@@ -1,0 +1,195 @@
+"""``create_app(settings)``: builds the FastAPI app; its lifespan wires database, bus, LLM and run manager.
+
+Nothing is created at import time, so tests can build as many apps as they like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from app import __version__
+from app.api.errors import install_error_handlers
+from app.api.limits import BodySizeLimit
+from app.api.routes import conversations, health, runs, stream, tools
+from app.container import Services
+from app.db.migrate import upgrade_database
+from app.db.repositories import ConversationRepo, EventRepo, RunRepo
+from app.db.session import Database
+from app.engine.hooks import AuditHook, AuditRecord, HookRegistry, ToolRateLimit
+from app.engine.interrupts import InterruptQueue, MemoryInterruptQueue
+from app.llm.factory import build_llm
+from app.observability import Metrics, configure_logging
+from app.runs.instrumented import InstrumentedLLM
+from app.runs.manager import RunManager
+from app.settings import Settings
+from app.streaming.bus import EventBus
+from app.streaming.memory import MemoryEventBus
+from app.tools.builtins import default_registry
+
+log = logging.getLogger("app.main")
+
+WEB_DIR = Path(str(resources.files("app") / "web"))
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _audit_logger() -> Any:
+    audit_log = logging.getLogger("app.audit")
+
+    async def record(entry: AuditRecord) -> None:
+        audit_log.info(
+            "tool call",
+            extra={
+                "run_id": entry.run_id,
+                "conversation_id": entry.conversation_id,
+                "tool": entry.tool_name,
+                "outcome": entry.outcome,
+                "elapsed": round(entry.elapsed, 4),
+            },
+        )
+
+    return record
+
+
+async def build_services(settings: Settings) -> Services:
+    owner_keys = settings.owner_keys()
+    if not owner_keys:
+        log.warning("API_KEYS is unset: running in single-user mode (owner 'local'), no authentication")
+    await asyncio.to_thread(upgrade_database, settings.database_url)
+    db = Database(settings.database_url)
+    metrics = Metrics()
+    conversations_repo = ConversationRepo(db.sessionmaker)
+    runs_repo = RunRepo(db.sessionmaker)
+    events_repo = EventRepo(db.sessionmaker)
+
+    redis_client: Any = None
+    bus: EventBus
+    if settings.redis_url:
+        from redis.asyncio import Redis
+
+        from app.streaming.redis_bus import RedisEventBus
+        from app.streaming.redis_signals import RedisCancelSignal, RedisInterruptQueue
+
+        redis_client = Redis.from_url(settings.redis_url)
+        bus = RedisEventBus(settings.redis_url, settings.redis_key_prefix)
+        prefix = settings.redis_key_prefix
+
+        def interrupts(conversation_id: str) -> InterruptQueue:
+            return RedisInterruptQueue(redis_client, prefix, conversation_id)
+
+        cancel_signal: Any = RedisCancelSignal(redis_client, prefix)
+        log.info("event bus: Redis Streams")
+    else:
+        from app.streaming.redis_signals import MemoryCancelSignal
+
+        bus = MemoryEventBus(retention_s=settings.stream_retention_s)
+        queues: dict[str, MemoryInterruptQueue] = {}
+
+        def interrupts(conversation_id: str) -> InterruptQueue:
+            return queues.setdefault(conversation_id, MemoryInterruptQueue())
+
+        cancel_signal = MemoryCancelSignal()
+        log.info("event bus: in-process (set REDIS_URL to share runs between workers)")
+
+    llm = InstrumentedLLM(build_llm(settings), metrics)
+    registry = default_registry()
+    audit = _audit_logger()
+
+    def hooks() -> HookRegistry:
+        registry_ = HookRegistry()
+        audit_hook = AuditHook(audit)
+        registry_.add_pre(ToolRateLimit(max_calls=settings.tool_rate_limit_per_minute, per_seconds=60.0))
+        registry_.add_pre(audit_hook)
+        registry_.add_post(audit_hook)
+        return registry_
+
+    manager = RunManager(
+        settings=settings,
+        conversations=conversations_repo,
+        runs=runs_repo,
+        events=events_repo,
+        bus=bus,
+        llm=llm,
+        tools=registry,
+        interrupts=interrupts,
+        cancel_signal=cancel_signal,
+        metrics=metrics,
+        worker_id=_worker_id(),
+        hooks=hooks,
+    )
+    return Services(
+        settings=settings,
+        db=db,
+        conversations=conversations_repo,
+        runs=runs_repo,
+        events=events_repo,
+        bus=bus,
+        tools=registry,
+        manager=manager,
+        metrics=metrics,
+        owner_keys=owner_keys,
+        redis=redis_client,
+        extras={"llm": llm},
+    )
+
+
+async def close_services(services: Services) -> None:
+    await services.manager.shutdown()
+    for closer in (services.bus.close, services.extras["llm"].aclose, services.db.dispose):
+        try:
+            await closer()
+        except Exception:
+            log.warning("error while closing", exc_info=True)
+    if services.redis is not None:
+        await services.redis.aclose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_format, settings.log_level)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = await build_services(settings)
+        app.state.services = services
+        await services.manager.start()
+        log.info("ready", extra={"worker": services.manager.worker_id, "model": services.extras["llm"].model_name})
+        try:
+            yield
+        finally:
+            await close_services(services)
+
+    app = FastAPI(
+        title="AgentStream",
+        version=__version__,
+        description="Run tool-using LLM agents and stream their work as resumable Server-Sent Events.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit)
+    for module in (health, tools, conversations, runs, stream):
+        app.include_router(module.router)
+
+    index = WEB_DIR / "index.html"
+
+    @app.get("/", include_in_schema=False, response_model=None)
+    async def home() -> FileResponse:
+        return FileResponse(index, headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")
+    return app

@@ -1,0 +1,95 @@
+"""Structured logging (text or JSON) carrying run_id/conversation_id, and the Prometheus metrics."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+run_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_id", default=None)
+conversation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("conversation_id", default=None)
+
+_STD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "run_id"):
+            record.run_id = run_id_var.get()
+        if not hasattr(record, "conversation_id"):
+            record.conversation_id = conversation_id_var.get()
+        return True
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _STD_ATTRS and v is not None}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update(_extras(record))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S.%f")[:-3]
+        pairs = " ".join(f"{k}={v}" for k, v in _extras(record).items())
+        line = f"{ts} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if pairs:
+            line = f"{line} {pairs}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
+    """Install one handler on the ``app`` logger (idempotent, so many apps can be built in one process)."""
+    logger = logging.getLogger("app")
+    for h in list(logger.handlers):
+        if getattr(h, "_agentstream", False):
+            logger.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._agentstream = True  # type: ignore[attr-defined]
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
+    handler.addFilter(_ContextFilter())
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+class Metrics:
+    """The service's Prometheus metrics, on a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.runs = Counter("agentstream_runs_total", "Runs finished, by status", ["status"], registry=r)
+        self.runs_started = Counter("agentstream_runs_started_total", "Runs started", registry=r)
+        self.active_runs = Gauge("agentstream_active_runs", "Runs executing in this process", registry=r)
+        self.active_streams = Gauge("agentstream_active_streams", "Open SSE streams", registry=r)
+        self.events_published = Counter(
+            "agentstream_events_published_total", "Events published to the bus", registry=r
+        )
+        self.llm_calls = Counter("agentstream_llm_calls_total", "LLM calls, by kind and outcome", ["kind", "outcome"], registry=r)
+        self.llm_latency = Histogram(
+            "agentstream_llm_latency_seconds",
+            "LLM call latency (stream: until the last token)",
+            ["kind"],
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.tool_calls = Counter("agentstream_tool_calls_total", "Tool calls, by tool and outcome", ["tool", "outcome"], registry=r)

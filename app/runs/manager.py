@@ -1,0 +1,444 @@
+"""RunManager: starts agent runs as background tasks and sees every one of them to a ``done`` event.
+
+A run belongs to the worker that started it. The worker renews the run's lease while it works;
+any worker's reaper closes runs whose lease expired (their worker died) as ``failed``. Cancel
+crosses processes through the cancel signal; interrupts through the conversation's queue. On
+shutdown the worker stops taking runs, gives its active runs a grace period, and closes the rest
+as ``failed``. Whatever happens, the run row is finished before its ``done`` event is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.engine.agent import AgentConfig, AgentResult, ReActAgent
+from app.engine.events import EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
+from app.engine.hooks import HookRegistry
+from app.engine.interrupts import InterruptQueue
+from app.errors import NoActiveRunError, RunActiveConflict, ShuttingDownError
+from app.llm.base import LLM, ChatMessage
+from app.observability import Metrics, conversation_id_var, run_id_var
+from app.settings import Settings
+from app.streaming.bus import ZERO_CURSOR, EventBus, StoredEvent, parse_cursor
+from app.streaming.publisher import RunPublisher
+from app.tools.registry import ToolRegistry
+
+log = logging.getLogger("app.runs")
+
+CancelReason = Literal["user", "shutdown"]
+
+
+class CancelSignal:
+    """What the manager needs of the cross-process cancel signal (memory or Redis)."""
+
+    async def request(self, run_id: str) -> None: ...
+    async def listen(self, callback: Callable[[str], Any]) -> None: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _ActiveRun:
+    run_id: str
+    conversation_id: str
+    task: asyncio.Task[None] | None = None
+    cancel_reason: CancelReason | None = None
+    iterations: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def later_cursor(a: str | None, b: str | None) -> str:
+    if a is None:
+        return b or ZERO_CURSOR
+    if b is None:
+        return a
+    return a if parse_cursor(a) >= parse_cursor(b) else b
+
+
+class RunManager:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        conversations: ConversationRepo,
+        runs: RunRepo,
+        events: EventRepo,
+        bus: EventBus,
+        llm: LLM,
+        tools: ToolRegistry,
+        interrupts: Callable[[str], InterruptQueue],
+        cancel_signal: Any,
+        metrics: Metrics,
+        worker_id: str,
+        hooks: Callable[[], HookRegistry],
+    ) -> None:
+        self.settings = settings
+        self.conversations = conversations
+        self.runs = runs
+        self.events = events
+        self.bus = bus
+        self.llm = llm
+        self.tools = tools
+        self.interrupt_queue = interrupts
+        self.cancel_signal = cancel_signal
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.hooks = hooks
+        self._active: dict[str, _ActiveRun] = {}
+        self._background: list[asyncio.Task[None]] = []
+        self._accepting = True
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.cancel_signal.listen(self._on_cancel_requested)
+        self._background.append(asyncio.create_task(self._heartbeat_loop(), name="run-heartbeat"))
+        self._background.append(asyncio.create_task(self._reaper_loop(), name="run-reaper"))
+
+    async def shutdown(self) -> None:
+        """Stop taking runs; let active runs finish within the grace period; close the rest as failed."""
+        self._accepting = False
+        pending = [a.task for a in self._active.values() if a.task is not None]
+        if pending:
+            log.info("shutdown: waiting for active runs", extra={"runs": len(pending)})
+            _, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace_s)
+            for active in list(self._active.values()):
+                if active.task is not None and active.task in still:
+                    active.cancel_reason = "shutdown"
+                    active.task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=10)
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._background.clear()
+        with contextlib.suppress(Exception):
+            await self.cancel_signal.close()
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    # ---- commands --------------------------------------------------------------------------
+
+    async def last_cursor(self, conversation_id: str) -> str:
+        bus_last: str | None = None
+        with contextlib.suppress(Exception):
+            bus_last = await self.bus.last_id(conversation_id)
+        return later_cursor(bus_last, await self.events.last_id(conversation_id))
+
+    async def start_run(self, conversation: ConversationRecord, message: str) -> RunRecord:
+        if not self._accepting:
+            raise ShuttingDownError("this worker is shutting down; retry on another worker")
+        conv_id = conversation.id
+        start_cursor = await self.last_cursor(conv_id)
+        try:
+            run = await self.runs.create(
+                conv_id,
+                conversation.owner,
+                message,
+                worker_id=self.worker_id,
+                lease_s=self.settings.run_lease_s,
+                start_cursor=start_cursor,
+            )
+        except Exception as exc:
+            if type(exc).__name__ == "RunActiveError":
+                raise RunActiveConflict("a run is already active in this conversation") from exc
+            raise
+        history = await self.conversations.history(conv_id)
+        await self.conversations.add_messages(conv_id, run.id, [ChatMessage(role="user", content=message)])
+        await self.conversations.touch(conv_id)
+        # Follow-ups left over from an earlier run were already reported; start clean.
+        await self.interrupt_queue(conv_id).drain()
+        active = _ActiveRun(run.id, conv_id)
+        self._active[run.id] = active
+        self.metrics.runs_started.inc()
+        self.metrics.active_runs.inc()
+        active.task = asyncio.create_task(
+            self._execute(active, conversation, message, history, start_cursor), name=f"run-{run.id}"
+        )
+        return run
+
+    async def cancel(self, conversation: ConversationRecord) -> RunRecord:
+        run = await self.runs.active(conversation.id)
+        if run is None:
+            raise NoActiveRunError("no run is active in this conversation")
+        local = self._active.get(run.id)
+        if local is not None:
+            self._cancel_local(local, "user")
+        else:
+            await self.cancel_signal.request(run.id)
+        return run
+
+    async def interrupt(self, conversation: ConversationRecord, content: str) -> int:
+        run = await self.runs.active(conversation.id)
+        if run is None:
+            raise NoActiveRunError("no run is active in this conversation")
+        queue = self.interrupt_queue(conversation.id)
+        queued = await queue.put(content)
+        # The run may have finished between the check and the put: then nobody will drain the
+        # queue, so keep what is there in the conversation's history rather than lose it.
+        latest = await self.runs.get_any(run.id)
+        if latest is None or latest.status != "running":
+            leftovers = await queue.drain()
+            if leftovers:
+                await self.conversations.add_messages(
+                    conversation.id, run.id, [ChatMessage(role="user", content=c, pinned=True) for c in leftovers]
+                )
+        return queued
+
+    # ---- cancel ----------------------------------------------------------------------------
+
+    def _on_cancel_requested(self, run_id: str) -> None:
+        active = self._active.get(run_id)
+        if active is not None:
+            self._cancel_local(active, "user")
+
+    @staticmethod
+    def _cancel_local(active: _ActiveRun, reason: CancelReason) -> None:
+        if active.cancel_reason is None:
+            active.cancel_reason = reason
+        if active.task is not None and not active.task.done():
+            active.task.cancel()
+
+    # ---- execution -------------------------------------------------------------------------
+
+    def _agent_config(self, conversation: ConversationRecord) -> AgentConfig:
+        spec: dict[str, Any] = conversation.agent_config or {}
+        s = self.settings
+        mode = spec.get("mode", "auto")
+        return AgentConfig(
+            max_iterations=int(spec.get("max_iterations") or s.react_max_iterations),
+            use_native_tools=mode != "json",
+            completion_check=bool(spec.get("completion_check", True)),
+            completion_check_min_tools=s.react_completion_check_min_tools,
+            cycle_detection_threshold=s.react_cycle_detection_threshold,
+            self_reflection_interval=s.react_self_reflection_interval,
+            tool_selection_threshold=s.tool_selection_threshold,
+            context_token_budget=s.context_token_budget,
+            system_prompt=spec.get("system_prompt") or None,
+        )
+
+    def _tools_for(self, conversation: ConversationRecord) -> ToolRegistry:
+        names = (conversation.agent_config or {}).get("tools")
+        return self.tools if not names else self.tools.subset(names)
+
+    async def _execute(
+        self,
+        active: _ActiveRun,
+        conversation: ConversationRecord,
+        message: str,
+        history: list[ChatMessage],
+        start_cursor: str,
+    ) -> None:
+        run_id_var.set(active.run_id)
+        conversation_id_var.set(active.conversation_id)
+        publisher = RunPublisher(
+            self.bus,
+            self.events,
+            active.conversation_id,
+            active.run_id,
+            last_id=start_cursor,
+            retention_s=self.settings.stream_retention_s,
+            on_published=self._count_published,
+        )
+        engine_done: list[RunDone] = []
+
+        async def sink(event: EngineEvent) -> None:
+            if isinstance(event, RunDone):
+                engine_done.append(event)
+                return
+            if isinstance(event, ThinkingStarted):
+                active.iterations = max(active.iterations, event.iteration)
+            elif isinstance(event, IterationDone):
+                self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
+            await publisher.publish(event)
+
+        queue = self.interrupt_queue(active.conversation_id)
+        agent = ReActAgent(self.llm, self._tools_for(conversation), self._agent_config(conversation), self.hooks())
+        log.info("run started", extra={"worker": self.worker_id})
+        result: AgentResult | None = None
+        status: str
+        error: str | None = None
+        try:
+            result = await agent.run(
+                message,
+                sink=sink,
+                history=history,
+                interrupts=queue,
+                run_id=active.run_id,
+                conversation_id=active.conversation_id,
+            )
+            status = result.status
+            error = result.error
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if active.cancel_reason == "user":
+                status, error = "cancelled", "cancelled by the user"
+            else:
+                status, error = "failed", "the worker shut down before the run finished"
+        except Exception as exc:
+            log.exception("run crashed")
+            status, error = "failed", f"internal error: {type(exc).__name__}"
+        try:
+            await self._finish(active, publisher, queue, result, engine_done, status, error)
+        except Exception:
+            log.exception("could not close the run cleanly")
+        finally:
+            self._active.pop(active.run_id, None)
+            self.metrics.active_runs.dec()
+
+    async def _finish(
+        self,
+        active: _ActiveRun,
+        publisher: RunPublisher,
+        queue: InterruptQueue,
+        result: AgentResult | None,
+        engine_done: list[RunDone],
+        status: str,
+        error: str | None,
+    ) -> None:
+        conv_id = active.conversation_id
+        pending = list(result.pending_injections) if result is not None else []
+        pending += await queue.drain()
+        if result is not None:
+            new_messages = list(result.messages)
+            if new_messages and new_messages[0].role == "user" and not new_messages[0].pinned:
+                new_messages = new_messages[1:]  # the question was stored when the run started
+            if new_messages:
+                await self.conversations.add_messages(conv_id, active.run_id, new_messages)
+        if pending:
+            await self.conversations.add_messages(
+                conv_id, active.run_id, [ChatMessage(role="user", content=c, pinned=True) for c in pending]
+            )
+        if result is not None and engine_done:
+            done = engine_done[-1]
+            done = RunDone(
+                answer=done.answer,
+                iterations=done.iterations,
+                usage=done.usage,
+                elapsed=done.elapsed,
+                status=done.status,
+                error=done.error,
+                pending_injections=tuple(pending),
+            )
+        else:
+            done = RunDone(
+                answer=result.answer if result is not None else "",
+                iterations=result.iterations if result is not None else active.iterations,
+                usage=result.usage.as_dict() if result is not None else Usage().as_dict(),
+                elapsed=time.monotonic() - active.started,
+                status=status,  # type: ignore[arg-type]
+                error=error,
+                pending_injections=tuple(pending),
+            )
+        finished = await self.runs.finish(
+            active.run_id,
+            status=done.status,
+            answer=done.answer,
+            iterations=done.iterations,
+            usage=dict(done.usage),
+            elapsed=done.elapsed,
+            error=done.error,
+            pending_injections=list(pending),
+        )
+        if finished:
+            await publisher.publish(done)
+            self.metrics.runs.labels(done.status).inc()
+            log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
+        else:
+            log.warning("run was already closed elsewhere; its done event is not sent twice")
+        await publisher.close()
+
+    def _count_published(self, events: list[StoredEvent]) -> None:
+        self.metrics.events_published.inc(len(events))
+
+    # ---- leases ----------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = max(self.settings.run_lease_s / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            if not self._active:
+                continue
+            try:
+                await self.runs.renew_leases(list(self._active), self.worker_id, self.settings.run_lease_s)
+            except Exception:
+                log.warning("lease renewal failed", exc_info=True)
+
+    async def _reaper_loop(self) -> None:
+        interval = max(self.settings.run_lease_s / 2, 0.05)
+        while True:
+            try:
+                await self.reap_once()
+            except Exception:
+                log.warning("reaper pass failed", exc_info=True)
+            await asyncio.sleep(interval)
+
+    async def reap_once(self) -> int:
+        """Close runs whose worker stopped renewing their lease; returns how many were closed."""
+        closed = 0
+        for run in await self.runs.expired():
+            if run.id in self._active:
+                continue
+            if await self.close_lost_run(run, "the worker running it stopped responding (lease expired)"):
+                closed += 1
+        return closed
+
+    async def close_lost_run(self, run: RunRecord, error: str) -> bool:
+        elapsed = max(0.0, time.time() - run.created_at.timestamp())
+        finished = await self.runs.finish(
+            run.id,
+            status="failed",
+            answer="",
+            iterations=0,
+            usage=Usage().as_dict(),
+            elapsed=elapsed,
+            error=error,
+            pending_injections=[],
+        )
+        if not finished:
+            return False
+        pending = await self.interrupt_queue(run.conversation_id).drain()
+        if pending:
+            await self.conversations.add_messages(
+                run.conversation_id, run.id, [ChatMessage(role="user", content=c, pinned=True) for c in pending]
+            )
+        publisher = RunPublisher(
+            self.bus,
+            self.events,
+            run.conversation_id,
+            run.id,
+            last_id=await self.last_cursor(run.conversation_id),
+            retention_s=self.settings.stream_retention_s,
+            on_published=self._count_published,
+        )
+        await publisher.publish(
+            RunDone(
+                answer="",
+                iterations=0,
+                usage=Usage().as_dict(),
+                elapsed=elapsed,
+                status="failed",
+                error=error,
+                pending_injections=tuple(pending),
+            )
+        )
+        await publisher.close()
+        self.metrics.runs.labels("failed").inc()
+        log.warning("closed a run whose worker was lost", extra={"run_id": run.id, "conversation_id": run.conversation_id})
+        return True
