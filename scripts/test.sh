@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Install what the tests need, make sure Redis, PostgreSQL and Chromium are there (starting our own
+# on loopback when none is running, and stopping what we started), then run linters, the type
+# checker and the whole test suite.  Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3}
+STATE=$(mktemp -d)
+STARTED=()
+
+cleanup() {
+  for what in "${STARTED[@]:-}"; do
+    case "$what" in
+      redis) redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true ;;
+      postgres) su postgres -s /bin/sh -c "pg_ctl -D '$STATE/pg' -m fast stop" >/dev/null 2>&1 \
+                  || pg_ctl -D "$STATE/pg" -m fast stop >/dev/null 2>&1 || true ;;
+    esac
+  done
+  rm -rf "$STATE" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+APT_UPDATED=0
+apt_install() {
+  command -v apt-get >/dev/null || { echo "need $* but apt-get is not available" >&2; return 1; }
+  if [ "$APT_UPDATED" = 0 ]; then apt-get update -qq >/dev/null; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- Python environment ----------------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[test]"
+
+# --- Redis -----------------------------------------------------------------------------------
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+REDIS_PORT=6379
+if [ -n "${AGENTSTREAM_TEST_REDIS_URL:-}" ]; then :
+elif command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
+  export AGENTSTREAM_TEST_REDIS_URL="redis://127.0.0.1:6379/0"
+else
+  command -v redis-server >/dev/null || apt_install redis-server
+  REDIS_PORT=6399
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+    --dir "$STATE" --logfile "$STATE/redis.log" >/dev/null
+  STARTED+=(redis)
+  for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  export AGENTSTREAM_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+fi
+
+# --- PostgreSQL ------------------------------------------------------------------------------
+pg_trust_ok() { .venv/bin/python - "$1" <<'PYEOF'
+import asyncio, sys
+import asyncpg
+async def main():
+    conn = await asyncpg.connect(sys.argv[1], timeout=3)
+    await conn.close()
+try:
+    asyncio.run(main())
+except Exception:
+    sys.exit(1)
+PYEOF
+}
+if [ -n "${AGENTSTREAM_TEST_PG_URL:-}" ]; then :
+elif port_open 5432 && pg_trust_ok "postgresql://postgres@127.0.0.1:5432/postgres"; then
+  export AGENTSTREAM_TEST_PG_URL="postgresql://postgres@127.0.0.1:5432/postgres"
+else
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then apt_install postgresql; fi
+  PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  export PATH="$PGBIN:$PATH"
+  PG_PORT=5439
+  mkdir -p "$STATE/pg"
+  if [ "$(id -u)" = 0 ]; then
+    chown -R postgres "$STATE"; chmod 755 "$STATE"
+    RUN_PG=(su postgres -s /bin/sh -c)
+  else
+    RUN_PG=(sh -c)
+  fi
+  "${RUN_PG[@]}" "initdb -D '$STATE/pg' -A trust -U postgres >/dev/null"
+  "${RUN_PG[@]}" "pg_ctl -D '$STATE/pg' -l '$STATE/pg.log' -o \"-p $PG_PORT -k '$STATE' -c listen_addresses=127.0.0.1\" -w start >/dev/null"
+  STARTED+=(postgres)
+  export AGENTSTREAM_TEST_PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
+fi
+
+# --- Chromium for the browser tests (Debian's build; never a downloaded one) -------------------
+if [ ! -x /usr/bin/chromium ]; then apt_install chromium || echo "warning: chromium could not be installed" >&2; fi
+
+# --- checks and tests ------------------------------------------------------------------------
+echo "== ruff"
+.venv/bin/ruff check app tests bench
+echo "== mypy"
+.venv/bin/mypy app
+echo "== pytest"
+set +e
+.venv/bin/python -m pytest -W error::DeprecationWarning:app -p no:cacheprovider "$@"
+rc=$?
+set -e
+exit $rc
