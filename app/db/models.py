@@ -1,0 +1,165 @@
+"""The SQLAlchemy tables: conversations, their messages, runs and the durable copy of run events.
+
+Constraint names come from one naming convention so that migrations can address them on every
+dialect. Datetimes are stored in UTC and always come back timezone-aware, SQLite included.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATUSES = ("running", "completed", "failed", "cancelled")
+
+# The same predicate for both dialects: it is what makes "one running run per conversation" a
+# database guarantee rather than a check-then-insert race.
+RUNNING_PREDICATE = text("status = 'running'")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that refuses naive values and always returns aware UTC ones.
+
+    SQLite has no time zone type and hands back naive datetimes; storing UTC and re-attaching it
+    on the way out makes both dialects behave the same.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        list[Any]: JSON(),
+    }
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200), index=True)
+    title: Mapped[str] = mapped_column(Text)
+    agent_config: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    # The unique (conversation_id, seq) index also serves every "messages of a conversation in
+    # order" query, so conversation_id needs no index of its own.
+    __table_args__ = (UniqueConstraint("conversation_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str | None] = mapped_column(Text)
+    # SQL NULL for "no tool calls", not the JSON literal null.
+    tool_calls: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
+    tool_call_id: Mapped[str | None] = mapped_column(String(200))
+    name: Mapped[str | None] = mapped_column(String(200))
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('running', 'completed', 'failed', 'cancelled')",
+            name="status",
+        ),
+        Index(
+            "ux_runs_one_running_per_conversation",
+            "conversation_id",
+            unique=True,
+            sqlite_where=RUNNING_PREDICATE,
+            postgresql_where=RUNNING_PREDICATE,
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    owner: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text)
+    iterations: Mapped[int] = mapped_column(Integer, default=0)
+    usage: Mapped[dict[str, Any]]
+    elapsed: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    pending_injections: Mapped[list[Any]]
+    start_cursor: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class RunEvent(Base):
+    __tablename__ = "run_events"
+
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True
+    )
+    cursor_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    cursor_seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    id: Mapped[str] = mapped_column(String(64))
+    event: Mapped[str] = mapped_column(String(32))
+    # Text, not JSON: the payload is kept byte-for-byte as the publisher encoded it, so that
+    # replayed events are identical to live ones.
+    data: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,497 @@
+"""Repositories: the only code that speaks SQL. They return frozen records, never ORM objects.
+
+Every write is one transaction whose first statement is the write itself (or a lock-taking
+UPDATE): on SQLite a transaction that reads first and writes later can fail with SQLITE_BUSY when
+another worker wrote in between, and on PostgreSQL the UPDATE serialises concurrent writers.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import builtins
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db.errors import ConversationNotFoundError, InvalidCursorError, RunActiveError
+from app.db.models import RUN_STATUSES, Conversation, Message, Run, RunEvent, utcnow
+from app.llm.base import ChatMessage, Role, ToolCall
+from app.streaming.bus import StoredEvent, parse_cursor
+
+FINAL_STATUSES = frozenset(RUN_STATUSES) - {"running"}
+
+
+def new_conversation_id() -> str:
+    return "conv_" + secrets.token_urlsafe(16)
+
+
+def new_run_id() -> str:
+    return "run_" + secrets.token_urlsafe(16)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    id: str
+    owner: str
+    title: str
+    agent_config: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    id: int
+    conversation_id: str
+    run_id: str | None
+    seq: int
+    role: Role
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    tool_call_id: str | None
+    name: str | None
+    pinned: bool
+    created_at: datetime
+
+    def to_chat_message(self) -> ChatMessage:
+        return ChatMessage(
+            role=self.role,
+            content=self.content,
+            tool_calls=self.tool_calls,
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+            pinned=self.pinned,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: str
+    conversation_id: str
+    owner: str
+    status: str
+    message: str
+    answer: str | None
+    iterations: int
+    usage: dict[str, Any]
+    elapsed: float | None
+    error: str | None
+    pending_injections: list[str]
+    start_cursor: str
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def _conversation_record(row: Conversation) -> ConversationRecord:
+    return ConversationRecord(
+        id=row.id,
+        owner=row.owner,
+        title=row.title,
+        agent_config=dict(row.agent_config),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _message_record(row: Message) -> MessageRecord:
+    return MessageRecord(
+        id=row.id,
+        conversation_id=row.conversation_id,
+        run_id=row.run_id,
+        seq=row.seq,
+        role=row.role,  # type: ignore[arg-type]  # only ChatMessage roles are ever written
+        content=row.content,
+        tool_calls=tuple(
+            ToolCall(id=tc["id"], name=tc["name"], arguments=tc["arguments"]) for tc in row.tool_calls or ()
+        ),
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        pinned=row.pinned,
+        created_at=row.created_at,
+    )
+
+
+def _run_record(row: Run) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        conversation_id=row.conversation_id,
+        owner=row.owner,
+        status=row.status,
+        message=row.message,
+        answer=row.answer,
+        iterations=row.iterations,
+        usage=dict(row.usage),
+        elapsed=row.elapsed,
+        error=row.error,
+        pending_injections=list(row.pending_injections),
+        start_cursor=row.start_cursor,
+        worker_id=row.worker_id,
+        lease_expires_at=row.lease_expires_at,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _event_record(row: RunEvent) -> StoredEvent:
+    return StoredEvent(id=row.id, event=row.event, data=row.data, run_id=row.run_id)
+
+
+def encode_page_cursor(created_at: datetime, conversation_id: str) -> str:
+    raw = json.dumps([created_at.astimezone(UTC).isoformat(), conversation_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_page_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (created_at, id) a page cursor points after; ``InvalidCursorError`` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        stamp, conversation_id = json.loads(raw)
+        created_at = datetime.fromisoformat(stamp)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise InvalidCursorError(f"invalid cursor {cursor!r}") from exc
+    if not isinstance(conversation_id, str) or created_at.tzinfo is None:
+        raise InvalidCursorError(f"invalid cursor {cursor!r}")
+    return created_at, conversation_id
+
+
+def _event_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        return parse_cursor(cursor)
+    except ValueError as exc:
+        raise InvalidCursorError(str(exc)) from exc
+
+
+class ConversationRepo:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    async def create(self, owner: str, title: str, agent_config: dict[str, Any]) -> ConversationRecord:
+        now = utcnow()
+        row = Conversation(
+            id=new_conversation_id(),
+            owner=owner,
+            title=title,
+            agent_config=agent_config,
+            created_at=now,
+            updated_at=now,
+        )
+        async with self._sessionmaker.begin() as session:
+            session.add(row)
+        return _conversation_record(row)
+
+    async def get(self, owner: str, conversation_id: str) -> ConversationRecord | None:
+        """The conversation if ``owner`` owns it; None otherwise (another owner's looks absent)."""
+        async with self._sessionmaker() as session:
+            row = await session.scalar(
+                select(Conversation).where(Conversation.id == conversation_id, Conversation.owner == owner)
+            )
+        return _conversation_record(row) if row is not None else None
+
+    async def list(
+        self, owner: str, limit: int, cursor: str | None
+    ) -> tuple[list[ConversationRecord], str | None]:
+        """``owner``'s conversations newest first, and the cursor of the next page (None at the end)."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        query = select(Conversation).where(Conversation.owner == owner)
+        if cursor is not None:
+            created_at, after_id = decode_page_cursor(cursor)
+            query = query.where(
+                or_(
+                    Conversation.created_at < created_at,
+                    and_(Conversation.created_at == created_at, Conversation.id < after_id),
+                )
+            )
+        query = query.order_by(Conversation.created_at.desc(), Conversation.id.desc()).limit(limit + 1)
+        async with self._sessionmaker() as session:
+            rows = list(await session.scalars(query))
+        page = [_conversation_record(row) for row in rows[:limit]]
+        next_cursor = encode_page_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+        return page, next_cursor
+
+    async def delete(self, owner: str, conversation_id: str) -> bool:
+        """Delete the conversation with its messages, runs and events; False if ``owner`` has no such one."""
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                delete(Conversation).where(Conversation.id == conversation_id, Conversation.owner == owner)
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def add_messages(
+        self, conversation_id: str, run_id: str | None, messages: Sequence[ChatMessage]
+    ) -> None:
+        """Append ``messages`` after the conversation's last one and mark the conversation updated.
+
+        Raises ``ConversationNotFoundError`` if the conversation is gone.
+        """
+        if not messages:
+            return
+        now = utcnow()
+        async with self._sessionmaker.begin() as session:
+            # Lock the conversation row first, so that concurrent appends cannot take the same seq.
+            touched = await session.execute(
+                update(Conversation).where(Conversation.id == conversation_id).values(updated_at=now)
+            )
+            if not touched.rowcount:  # type: ignore[attr-defined]
+                raise ConversationNotFoundError(conversation_id)
+            last = await session.scalar(
+                select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
+            )
+            first_seq = 0 if last is None else last + 1
+            session.add_all(
+                Message(
+                    conversation_id=conversation_id,
+                    run_id=run_id,
+                    seq=first_seq + offset,
+                    role=message.role,
+                    content=message.content,
+                    tool_calls=[
+                        {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
+                    ]
+                    or None,
+                    tool_call_id=message.tool_call_id,
+                    name=message.name,
+                    pinned=message.pinned,
+                    created_at=now,
+                )
+                for offset, message in enumerate(messages)
+            )
+
+    # builtins.list: inside this class, ``list`` names the method above.
+    async def messages(self, conversation_id: str) -> builtins.list[MessageRecord]:
+        async with self._sessionmaker() as session:
+            rows = await session.scalars(
+                select(Message).where(Message.conversation_id == conversation_id).order_by(Message.seq)
+            )
+            return [_message_record(row) for row in rows]
+
+    async def history(self, conversation_id: str) -> builtins.list[ChatMessage]:
+        return [record.to_chat_message() for record in await self.messages(conversation_id)]
+
+    async def touch(self, conversation_id: str) -> None:
+        async with self._sessionmaker.begin() as session:
+            await session.execute(
+                update(Conversation).where(Conversation.id == conversation_id).values(updated_at=utcnow())
+            )
+
+
+class RunRepo:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    async def create(
+        self,
+        conversation_id: str,
+        owner: str,
+        message: str,
+        *,
+        worker_id: str,
+        lease_s: float,
+        start_cursor: str,
+    ) -> RunRecord:
+        """Insert a running run leased to ``worker_id``.
+
+        Raises ``RunActiveError`` if a run of the conversation is running (the partial unique index
+        decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
+        the conversation does not exist.
+        """
+        now = utcnow()
+        row = Run(
+            id=new_run_id(),
+            conversation_id=conversation_id,
+            owner=owner,
+            status="running",
+            message=message,
+            answer=None,
+            iterations=0,
+            usage={},
+            elapsed=None,
+            error=None,
+            pending_injections=[],
+            start_cursor=start_cursor,
+            worker_id=worker_id,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            created_at=now,
+            finished_at=None,
+        )
+        try:
+            async with self._sessionmaker.begin() as session:
+                session.add(row)
+        except IntegrityError:
+            # Run ids are random, so the insert can only break the foreign key or the
+            # one-running-run index; which one is told apart without parsing driver messages.
+            async with self._sessionmaker() as session:
+                exists = await session.scalar(
+                    select(Conversation.id).where(Conversation.id == conversation_id)
+                )
+            if exists is None:
+                raise ConversationNotFoundError(conversation_id) from None
+            raise RunActiveError(conversation_id) from None
+        return _run_record(row)
+
+    async def get(self, owner: str, run_id: str) -> RunRecord | None:
+        """The run if ``owner`` owns it; None otherwise."""
+        return await self._one(select(Run).where(Run.id == run_id, Run.owner == owner))
+
+    async def get_any(self, run_id: str) -> RunRecord | None:
+        return await self._one(select(Run).where(Run.id == run_id))
+
+    async def active(self, conversation_id: str) -> RunRecord | None:
+        return await self._one(
+            select(Run).where(Run.conversation_id == conversation_id, Run.status == "running")
+        )
+
+    async def latest(self, conversation_id: str) -> RunRecord | None:
+        return await self._one(
+            select(Run)
+            .where(Run.conversation_id == conversation_id)
+            .order_by(Run.created_at.desc(), Run.id.desc())
+            .limit(1)
+        )
+
+    async def finish(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        answer: str,
+        iterations: int,
+        usage: dict[str, Any],
+        elapsed: float,
+        error: str | None,
+        pending_injections: list[str],
+    ) -> bool:
+        """Close the run if it is still running; False if someone else closed it first."""
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"a run cannot finish as {status!r}")
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                update(Run)
+                .where(Run.id == run_id, Run.status == "running")
+                .values(
+                    status=status,
+                    answer=answer,
+                    iterations=iterations,
+                    usage=usage,
+                    elapsed=elapsed,
+                    error=error,
+                    pending_injections=list(pending_injections),
+                    lease_expires_at=None,
+                    finished_at=utcnow(),
+                )
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def renew_leases(self, run_ids: Sequence[str], worker_id: str, lease_s: float) -> None:
+        """Extend the leases of those of ``run_ids`` still running on ``worker_id``."""
+        if not run_ids:
+            return
+        async with self._sessionmaker.begin() as session:
+            await session.execute(
+                update(Run)
+                .where(Run.id.in_(list(run_ids)), Run.worker_id == worker_id, Run.status == "running")
+                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+            )
+
+    async def expired(self, now: datetime | None = None) -> list[RunRecord]:
+        """Running runs whose lease ran out before ``now``: their worker is presumed dead."""
+        moment = now if now is not None else utcnow()
+        return await self._all(
+            select(Run)
+            .where(Run.status == "running", Run.lease_expires_at < moment)
+            .order_by(Run.lease_expires_at)
+        )
+
+    async def running_of_worker(self, worker_id: str) -> list[RunRecord]:
+        return await self._all(
+            select(Run).where(Run.status == "running", Run.worker_id == worker_id).order_by(Run.created_at)
+        )
+
+    async def counts_by_status(self) -> dict[str, int]:
+        """Number of runs per status, every status present (zero included)."""
+        counts = dict.fromkeys(RUN_STATUSES, 0)
+        async with self._sessionmaker() as session:
+            for status, count in await session.execute(select(Run.status, func.count()).group_by(Run.status)):
+                counts[status] = count
+        return counts
+
+    async def _one(self, query: Any) -> RunRecord | None:
+        async with self._sessionmaker() as session:
+            row = await session.scalar(query)
+        return _run_record(row) if row is not None else None
+
+    async def _all(self, query: Any) -> list[RunRecord]:
+        async with self._sessionmaker() as session:
+            return [_run_record(row) for row in await session.scalars(query)]
+
+
+class EventRepo:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+        """Store ``events`` in one transaction; ids already stored are skipped, so a retry is harmless."""
+        if not events:
+            return
+        rows = []
+        for stored in events:
+            ms, seq = _event_cursor(stored.id)
+            rows.append(
+                {
+                    "conversation_id": conversation_id,
+                    "cursor_ms": ms,
+                    "cursor_seq": seq,
+                    "run_id": stored.run_id,
+                    "id": stored.id,
+                    "event": stored.event,
+                    "data": stored.data,
+                }
+            )
+        async with self._sessionmaker.begin() as session:
+            insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+            await session.execute(insert(RunEvent).on_conflict_do_nothing(), rows)
+
+    async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
+        """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""
+        ms, seq = _event_cursor(after)
+        query = (
+            select(RunEvent)
+            .where(
+                RunEvent.conversation_id == conversation_id,
+                or_(RunEvent.cursor_ms > ms, and_(RunEvent.cursor_ms == ms, RunEvent.cursor_seq > seq)),
+            )
+            .order_by(RunEvent.cursor_ms, RunEvent.cursor_seq)
+            .limit(limit)
+        )
+        async with self._sessionmaker() as session:
+            return [_event_record(row) for row in await session.scalars(query)]
+
+    async def for_run(self, run_id: str) -> list[StoredEvent]:
+        query = (
+            select(RunEvent)
+            .where(RunEvent.run_id == run_id)
+            .order_by(RunEvent.cursor_ms, RunEvent.cursor_seq)
+        )
+        async with self._sessionmaker() as session:
+            return [_event_record(row) for row in await session.scalars(query)]
+
+    async def last_id(self, conversation_id: str) -> str | None:
+        async with self._sessionmaker() as session:
+            return await session.scalar(
+                select(RunEvent.id)
+                .where(RunEvent.conversation_id == conversation_id)
+                .order_by(RunEvent.cursor_ms.desc(), RunEvent.cursor_seq.desc())
+                .limit(1)
+            )

@@ -1,0 +1,110 @@
+"""The database handle: the async engine, its session factory, and the per-dialect connection setup.
+
+SQLite gets WAL (readers never block the writer), a 5 s busy timeout (several workers on one host
+may share the file) and enforced foreign keys; PostgreSQL gets pre-ping so that a restarted server
+does not fail the first query of every pooled connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.pool import Pool
+
+log = logging.getLogger(__name__)
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+# Drivers people write in DATABASE_URL out of habit, mapped to the async driver we ship.
+_ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgres": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "postgresql+psycopg2": "postgresql+asyncpg",
+}
+
+
+def async_database_url(url: str | URL) -> URL:
+    """``url`` with its driver replaced by the async one (``postgres://`` -> ``postgresql+asyncpg://``)."""
+    parsed = make_url(url)
+    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    return parsed.set(drivername=driver) if driver else parsed
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    database = url.database
+    if not database or database == ":memory:" or url.query.get("uri") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def create_engine(
+    url: str | URL, *, enforce_foreign_keys: bool = True, poolclass: type[Pool] | None = None
+) -> AsyncEngine:
+    """An async engine for ``url`` set up for its dialect.
+
+    ``enforce_foreign_keys=False`` is for migrations only: SQLite batch migrations rebuild a table
+    by dropping it, and with foreign keys on that drop would cascade-delete the child rows.
+    """
+    parsed = async_database_url(url)
+    kwargs: dict[str, Any] = {}
+    if poolclass is not None:
+        kwargs["poolclass"] = poolclass
+    if parsed.get_backend_name() == "sqlite":
+        path = _sqlite_file(parsed)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(parsed, **kwargs)
+        _configure_sqlite(engine, enforce_foreign_keys=enforce_foreign_keys)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        kwargs["pool_pre_ping"] = True
+    return create_async_engine(parsed, **kwargs)
+
+
+def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first: switching to WAL needs a lock another worker may hold.
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA foreign_keys = {'ON' if enforce_foreign_keys else 'OFF'}")
+        finally:
+            cursor.close()
+
+
+class Database:
+    """One async engine and its session factory; build it in the app's lifespan, dispose it at the end."""
+
+    def __init__(self, url: str) -> None:
+        self.engine: AsyncEngine = create_engine(url)
+        self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
+            self.engine, expire_on_commit=False
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    async def ping(self, timeout_s: float = 5.0) -> bool:
+        """True if a ``SELECT 1`` succeeds within ``timeout_s``; never raises (readiness probe)."""
+        try:
+            async with asyncio.timeout(timeout_s), self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        # Any failure at all means "not ready": drivers raise OSError, their own errors or
+        # SQLAlchemy's wrappers depending on where the connection broke.
+        except Exception as exc:
+            log.warning("database ping failed error=%s", type(exc).__name__)
+            return False
+        return True
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
