@@ -1,0 +1,149 @@
+"""Run the real service for tests: in a thread (fast) or as a uvicorn subprocess (for kill -9).
+
+Both serve over a real socket on 127.0.0.1, so SSE is tested through a real HTTP stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from app.main import create_app
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # keep polling: the thing may not be up yet
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}")
+
+
+async def async_wait_until(
+    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+class ServerThread:
+    """The app under a real uvicorn server in a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        wait_until(lambda: self.server.started, timeout=30, what="uvicorn thread start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+
+class ServerProcess:
+    """``uvicorn app.main:create_app --factory`` as a subprocess with the given environment."""
+
+    def __init__(self, env: Mapping[str, str], port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    def start(self, log_path: Path) -> ServerProcess:
+        self.log_path = log_path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(self._healthy, timeout=30, what=f"service on port {self.port}")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"service exited early:\n{self.logs()}")
+        return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextmanager
+def running(settings: Settings) -> Iterator[ServerThread]:
+    server = ServerThread(settings).start()
+    try:
+        yield server
+    finally:
+        server.stop()
