@@ -1,0 +1,281 @@
+"""``ReActAgent``: one run = optional tool selection, the tool loop, then streamed synthesis.
+
+The agent binds one LLM instance for every call of a run (E-02) and picks the mode once (E-07). It
+reports progress only through typed events to the sink and always ends with exactly one ``RunDone``;
+``run()`` never raises except ``asyncio.CancelledError`` (the run manager owns cancellation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from app.engine.context import ContextGuard
+from app.engine.events import AnswerSignalled, EventSink, PhaseChanged, RunDone, Usage
+from app.engine.hooks import HookRegistry
+from app.engine.interrupts import InterruptQueue
+from app.engine.loop import LoopOutcome, LoopSettings, LoopStrategy, ToolLoop
+from app.engine.loop_json import JsonStrategy
+from app.engine.loop_native import NativeStrategy
+from app.engine.selection import select_tools
+from app.engine.synthesis import synthesize
+from app.llm.base import LLM, ChatMessage
+from app.tools.registry import ToolRegistry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    max_iterations: int = 50
+    use_native_tools: bool = True
+    completion_check: bool = True
+    completion_check_min_tools: int = 3
+    cycle_detection_threshold: int = 3
+    self_reflection_interval: int = 6
+    tool_selection_threshold: int = 12
+    tool_selection_max: int = 6
+    context_token_budget: int = 32000
+    synthesis_result_chars: int = 2000
+    system_prompt: str | None = None
+    """Extra instructions prepended to the loop's system prompt (and given to synthesis)."""
+
+
+@dataclass
+class AgentResult:
+    answer: str
+    iterations: int
+    usage: Usage
+    elapsed: float
+    status: Literal["completed", "failed"]
+    error: str | None = None
+    messages: list[ChatMessage] = field(default_factory=list)
+    """The run's new messages, in order, to keep as history: the question, assistant tool-call
+    messages, tool results / observations, injected interrupts and the final answer. Engine nudges
+    (reflection, cycle warning, checklist, reformat) are left out."""
+    pending_injections: list[str] = field(default_factory=list)
+    """Interrupts that arrived after the loop had finished (E-25); the caller decides what to do."""
+    tools_used: int = 0
+
+
+class ReActAgent:
+    def __init__(
+        self,
+        llm: LLM,
+        tools: ToolRegistry,
+        config: AgentConfig | None = None,
+        hooks: HookRegistry | None = None,
+    ) -> None:
+        self._llm = llm
+        self._tools = tools
+        self._config = config or AgentConfig()
+        self._hooks = hooks or HookRegistry()
+
+    @property
+    def config(self) -> AgentConfig:
+        return self._config
+
+    @property
+    def native_mode_active(self) -> bool:
+        """E-07: native function calling needs both the agent's consent and the model's ability."""
+        return self._config.use_native_tools and bool(self._llm.abilities.get("tool_call", False))
+
+    async def run(
+        self,
+        question: str,
+        *,
+        sink: EventSink,
+        history: Sequence[ChatMessage] = (),
+        interrupts: InterruptQueue | None = None,
+        run_id: str = "",
+        conversation_id: str = "",
+    ) -> AgentResult:
+        started = time.monotonic()
+        usage = Usage()
+        kept: list[ChatMessage] = []
+        try:
+            result = await self._run(
+                question,
+                sink=sink,
+                history=history,
+                interrupts=interrupts,
+                run_id=run_id,
+                conversation_id=conversation_id,
+                usage=usage,
+                kept=kept,
+                started=started,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug or a failing sink must still end the run with a done event, not a traceback.
+            logger.exception("run crashed run_id=%s conversation_id=%s", run_id, conversation_id)
+            result = AgentResult(
+                answer="",
+                iterations=0,
+                usage=usage,
+                elapsed=time.monotonic() - started,
+                status="failed",
+                error=f"internal error: {type(exc).__name__}: {exc}",
+                messages=kept,
+                pending_injections=await _drain_quietly(interrupts, run_id),
+            )
+        try:
+            await sink(
+                RunDone(
+                    answer=result.answer,
+                    iterations=result.iterations,
+                    usage=usage.as_dict(),
+                    elapsed=result.elapsed,
+                    status=result.status,
+                    error=result.error,
+                    pending_injections=tuple(result.pending_injections),
+                )
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("could not deliver the done event run_id=%s", run_id)
+        return result
+
+    async def _run(
+        self,
+        question: str,
+        *,
+        sink: EventSink,
+        history: Sequence[ChatMessage],
+        interrupts: InterruptQueue | None,
+        run_id: str,
+        conversation_id: str,
+        usage: Usage,
+        kept: list[ChatMessage],
+        started: float,
+    ) -> AgentResult:
+        cfg = self._config
+        registry = await self._select_tools(question, sink, usage)
+        strategy: LoopStrategy = (
+            NativeStrategy(registry) if self.native_mode_active else JsonStrategy(registry)
+        )
+
+        question_message = ChatMessage(role="user", content=question, pinned=True)
+        kept.append(question_message)
+        messages = [
+            ChatMessage(role="system", content=strategy.system_prompt(cfg.system_prompt)),
+            *history,
+            question_message,
+        ]
+        loop = ToolLoop(
+            llm=self._llm,
+            registry=registry,
+            strategy=strategy,
+            settings=LoopSettings(
+                max_iterations=max(1, cfg.max_iterations),
+                cycle_detection_threshold=cfg.cycle_detection_threshold,
+                self_reflection_interval=cfg.self_reflection_interval,
+                completion_check=cfg.completion_check,
+                completion_check_min_tools=cfg.completion_check_min_tools,
+            ),
+            hooks=self._hooks,
+            guard=ContextGuard(self._llm, cfg.context_token_budget),
+            sink=sink,
+            usage=usage,
+            question=question,
+            messages=messages,
+            kept=kept,
+            interrupts=interrupts,
+            run_id=run_id,
+            conversation_id=conversation_id,
+        )
+        outcome = await loop.run()
+        if outcome.error is not None:
+            return await self._finish(
+                outcome,
+                "",
+                usage=usage,
+                kept=kept,
+                started=started,
+                interrupts=interrupts,
+                run_id=run_id,
+                error=outcome.error,
+            )
+
+        await sink(AnswerSignalled())
+        synthesis = await synthesize(
+            self._llm,
+            question=question,
+            steps=outcome.steps,
+            loop_answer=outcome.answer,
+            sink=sink,
+            usage=usage,
+            result_chars=cfg.synthesis_result_chars,
+            follow_ups=outcome.follow_ups,
+            instructions=cfg.system_prompt,
+        )
+        kept.append(ChatMessage(role="assistant", content=synthesis.answer))
+        return await self._finish(
+            outcome,
+            synthesis.answer,
+            usage=usage,
+            kept=kept,
+            started=started,
+            interrupts=interrupts,
+            run_id=run_id,
+            error=synthesis.error,
+        )
+
+    async def _select_tools(self, question: str, sink: EventSink, usage: Usage) -> ToolRegistry:
+        """E-12/E-13: narrow a large registry before the loop; any failure keeps every tool."""
+        if len(self._tools) <= self._config.tool_selection_threshold:
+            return self._tools
+        await sink(PhaseChanged("selecting_tools", len(self._tools)))
+        try:
+            return await select_tools(
+                self._llm, question, self._tools, usage=usage, max_tools=self._config.tool_selection_max
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("tool selection failed; using every tool")
+            return self._tools
+
+    async def _finish(
+        self,
+        outcome: LoopOutcome,
+        answer: str,
+        *,
+        usage: Usage,
+        kept: list[ChatMessage],
+        started: float,
+        interrupts: InterruptQueue | None,
+        run_id: str,
+        error: str | None,
+    ) -> AgentResult:
+        pending = await _drain_quietly(interrupts, run_id)
+        return AgentResult(
+            answer=answer,
+            iterations=outcome.iterations,
+            usage=usage,
+            elapsed=time.monotonic() - started,
+            status="failed" if outcome.error is not None else "completed",
+            error=error,
+            messages=kept,
+            pending_injections=pending,
+            tools_used=outcome.tools_used,
+        )
+
+
+async def _drain_quietly(interrupts: InterruptQueue | None, run_id: str) -> list[str]:
+    """Messages that came too late for the loop are handed back, never dropped (E-25)."""
+    if interrupts is None:
+        return []
+    try:
+        return await interrupts.drain()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("interrupt drain failed run_id=%s", run_id)
+        return []
