@@ -1,0 +1,362 @@
+"""``OpenAICompatibleLLM``: the LLM protocol over any OpenAI-compatible ``/v1`` endpoint.
+
+Built on ``openai.AsyncOpenAI`` with the SDK's own retries switched off, because retrying is ours:
+full-jitter exponential backoff on 429, 408, 409, 5xx, timeouts and connection errors, honouring
+``Retry-After`` / ``retry-after-ms`` (capped), then ``LLMUnavailableError``. Replies that cannot be used
+(a body that is not JSON, no choices, a wrong shape, any other 4xx) raise ``LLMResponseError`` at once.
+A stream is retried only until its first token was yielded, so no token ever reaches a client twice.
+Error messages name the status or kind of failure and never carry the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, cast
+
+import httpx
+import openai
+
+from app.llm.base import (
+    ChatMessage,
+    ChatResult,
+    LLMResponseError,
+    LLMUnavailableError,
+    StreamEnd,
+    StreamItem,
+    TextDelta,
+    TokenUsage,
+    ToolCall,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 8.0
+RETRY_AFTER_MAX_S = 30.0
+"""A provider asking for a longer pause is still retried after this long: a run should not stall."""
+RETRYABLE_4XX = frozenset({408, 409, 429})
+_SERVER_MESSAGE_MAX = 200
+_KEY_LIKE_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{4,}|Bearer\s+\S+)")
+# Without a key the SDK would read OPENAI_API_KEY from the environment; settings are the only source.
+_NO_KEY = "not-needed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """One failed attempt, classified."""
+
+    description: str
+    retryable: bool
+    retry_after_s: float | None = None
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds the provider asks to wait: ``retry-after-ms``, else ``Retry-After`` (seconds or HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+class OpenAICompatibleLLM:
+    """The LLM protocol (``app.llm.base.LLM``) for an OpenAI-compatible chat completions endpoint."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        model: str,
+        abilities: Mapping[str, bool],
+        timeout_s: float = 60,
+        max_retries: int = 3,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if max_retries < 0:
+            raise ValueError("max_retries must not be negative")
+        self._model = model
+        self._abilities = dict(abilities)
+        self._timeout_s = float(timeout_s)
+        self._max_retries = max_retries
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._secret = api_key or None
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=httpx.Timeout(self._timeout_s))
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url or DEFAULT_BASE_URL,
+            api_key=api_key or _NO_KEY,
+            timeout=self._timeout_s,
+            max_retries=0,
+            # The SDK's annotations name httpx2, but it accepts (and maps the errors of) an httpx client.
+            http_client=cast(Any, self._http),
+        )
+
+    @property
+    def abilities(self) -> Mapping[str, bool]:
+        return self._abilities
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it (a client passed in belongs to the caller)."""
+        if self._owns_http:
+            await self._client.close()
+
+    # -- non-streaming ------------------------------------------------------------------------
+
+    async def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        response_format: Mapping[str, Any] | None = None,
+    ) -> ChatResult:
+        """One completion, retried on transport failures; see the module docstring."""
+        extra: dict[str, Any] = {}
+        if tools:
+            extra["tools"] = [dict(t) for t in tools]
+        if tool_choice is not None:
+            extra["tool_choice"] = tool_choice if isinstance(tool_choice, str) else dict(tool_choice)
+        if response_format is not None:
+            extra["response_format"] = dict(response_format)
+        payload: Any = [m.to_openai() for m in messages]
+
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    completion = await self._client.chat.completions.create(
+                        model=self._model, messages=payload, **extra
+                    )
+                return self._chat_result(completion, attempts)
+            except LLMResponseError:
+                raise
+            except Exception as exc:
+                failure = self._classify(exc)
+                await self._after_failure(failure, attempts, exc)
+
+    def _chat_result(self, completion: object, attempts: int) -> ChatResult:
+        if isinstance(completion, str):
+            # The SDK hands back the raw text when the content type is not JSON.
+            raise LLMResponseError("the LLM reply is not JSON", attempts=attempts)
+        choices = getattr(completion, "choices", None)
+        if not isinstance(choices, list) or not choices:
+            raise LLMResponseError("the LLM reply has no choices", attempts=attempts)
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        if message is None:
+            raise LLMResponseError("the LLM reply's first choice has no message", attempts=attempts)
+        content = getattr(message, "content", None)
+        if content is not None and not isinstance(content, str):
+            raise LLMResponseError("the LLM reply's message content is not text", attempts=attempts)
+        finish_reason = getattr(choice, "finish_reason", None)
+        return ChatResult(
+            content=content,
+            tool_calls=self._tool_calls(message, attempts),
+            reasoning_content=_reasoning_content(message),
+            usage=_token_usage(getattr(completion, "usage", None)),
+            finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+            attempts=attempts,
+        )
+
+    @staticmethod
+    def _tool_calls(message: object, attempts: int) -> tuple[ToolCall, ...]:
+        raw_calls = getattr(message, "tool_calls", None) or []
+        if not isinstance(raw_calls, list):
+            raise LLMResponseError("the LLM reply's tool_calls is not a list", attempts=attempts)
+        calls: list[ToolCall] = []
+        for i, raw in enumerate(raw_calls):
+            function = getattr(raw, "function", None)
+            name = getattr(function, "name", None)
+            arguments = getattr(function, "arguments", None)
+            call_id = getattr(raw, "id", None)
+            if not isinstance(name, str) or not name:
+                raise LLMResponseError(
+                    f"tool call #{i} of the LLM reply has no function name", attempts=attempts
+                )
+            # Arguments stay raw text: whether they are JSON is for the engine to judge (E-27).
+            calls.append(
+                ToolCall(
+                    id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
+                    name=name,
+                    arguments=arguments if isinstance(arguments, str) else "",
+                )
+            )
+        return tuple(calls)
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    async def stream_chat(self, messages: Sequence[ChatMessage]) -> AsyncIterator[StreamItem]:
+        """Content deltas, then one ``StreamEnd``; retried only before the first delta went out."""
+        payload: Any = [m.to_openai() for m in messages]
+        attempts = 0
+        sent_any = False
+        while True:
+            attempts += 1
+            usage = TokenUsage()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    stream = await self._client.chat.completions.create(
+                        model=self._model,
+                        messages=payload,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                async with stream:
+                    async for chunk in stream:
+                        reported = getattr(chunk, "usage", None)
+                        if reported is not None:
+                            usage = _token_usage(reported)
+                        text = _delta_text(chunk, attempts)
+                        if text:
+                            sent_any = True
+                            yield TextDelta(text)
+            except LLMResponseError:
+                raise
+            except Exception as exc:
+                failure = self._classify(exc)
+                if sent_any:
+                    # Retrying would send the user tokens they already have.
+                    error = LLMUnavailableError if failure.retryable else LLMResponseError
+                    raise error(
+                        f"the LLM stream broke after tokens were sent: {failure.description}",
+                        attempts=attempts,
+                    ) from exc
+                await self._after_failure(failure, attempts, exc)
+                continue
+            yield StreamEnd(usage=usage, attempts=attempts)
+            return
+
+    # -- failures -----------------------------------------------------------------------------
+
+    async def _after_failure(self, failure: _Failure, attempts: int, exc: Exception) -> None:
+        """Raise if this failure ends the call; otherwise wait before the next attempt."""
+        if not failure.retryable:
+            raise LLMResponseError(
+                f"the LLM reply is unusable: {failure.description}", attempts=attempts
+            ) from exc
+        if attempts > self._max_retries:
+            raise LLMUnavailableError(
+                f"the LLM is unavailable after {attempts} attempt(s): {failure.description}",
+                attempts=attempts,
+            ) from exc
+        delay = self._retry_delay(attempts - 1, failure.retry_after_s)
+        logger.warning(
+            "llm_retry model=%s attempt=%d failure=%r delay_s=%.3f",
+            self._model,
+            attempts,
+            failure.description,
+            delay,
+        )
+        await self._sleep(delay)
+
+    def _retry_delay(self, retry_index: int, retry_after_s: float | None) -> float:
+        if retry_after_s is not None:
+            return min(retry_after_s, RETRY_AFTER_MAX_S)
+        ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2**retry_index))
+        return self._rng.uniform(0.0, ceiling)
+
+    def _classify(self, exc: Exception) -> _Failure:
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            retryable = status in RETRYABLE_4XX or status >= 500
+            detail = self._server_message(exc)
+            description = f"HTTP {status}" + (f" ({detail})" if detail else "")
+            retry_after = parse_retry_after(exc.response.headers) if retryable else None
+            return _Failure(description, retryable, retry_after)
+        if isinstance(exc, (openai.APITimeoutError, TimeoutError, httpx.TimeoutException)):
+            return _Failure(f"timed out after {self._timeout_s:g}s", retryable=True)
+        if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
+            cause = exc.__cause__ or exc.__context__
+            kind = type(cause).__name__ if cause is not None else type(exc).__name__
+            return _Failure(f"connection error ({kind})", retryable=True)
+        if isinstance(exc, ValueError):
+            # json.JSONDecodeError from the SDK, or a chunk that is not JSON.
+            return _Failure("the reply body is not valid JSON", retryable=False)
+        if isinstance(exc, openai.APIError):
+            return _Failure(f"provider error ({self._scrub(exc.message)[:_SERVER_MESSAGE_MAX]})", False)
+        return _Failure(f"unexpected {type(exc).__name__}", retryable=False)
+
+    def _server_message(self, exc: openai.APIStatusError) -> str:
+        body = exc.body
+        message: object = None
+        if isinstance(body, Mapping):
+            error = body.get("error", body)
+            message = error.get("message") if isinstance(error, Mapping) else error
+        if not isinstance(message, str):
+            return ""
+        return self._scrub(message)[:_SERVER_MESSAGE_MAX]
+
+    def _scrub(self, text: str) -> str:
+        """Remove the API key and anything that looks like a key from text bound for an error message."""
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return _KEY_LIKE_RE.sub("***", text)
+
+
+def _reasoning_content(message: object) -> str | None:
+    # DeepSeek-style providers add ``reasoning_content`` next to ``content``; the SDK keeps unknown
+    # fields as pydantic extras.
+    extra = getattr(message, "model_extra", None)
+    value = extra.get("reasoning_content") if isinstance(extra, Mapping) else None
+    if value is None:
+        value = getattr(message, "reasoning_content", None)
+    return value if isinstance(value, str) and value else None
+
+
+def _token_usage(raw: object) -> TokenUsage:
+    if raw is None:
+        return TokenUsage()
+
+    def count(name: str) -> int:
+        value = getattr(raw, name, None)
+        return value if isinstance(value, int) and value >= 0 else 0
+
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    return TokenUsage(prompt, completion, count("total_tokens") or prompt + completion)
+
+
+def _delta_text(chunk: object, attempts: int) -> str | None:
+    choices = getattr(chunk, "choices", None)
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        raise LLMResponseError("an LLM stream chunk has malformed choices", attempts=attempts)
+    if not choices:
+        return None  # the usage chunk
+    delta = getattr(choices[0], "delta", None)
+    content = getattr(delta, "content", None)
+    return content if isinstance(content, str) else None

@@ -1,0 +1,470 @@
+"""OpenAICompatibleLLM through the real openai client, over a socket, against the fake server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from app.llm.base import (
+    ChatMessage,
+    LLMResponseError,
+    LLMUnavailableError,
+    StreamEnd,
+    StreamItem,
+    TextDelta,
+    TokenUsage,
+)
+from app.llm.openai_client import BACKOFF_BASE_S, RETRY_AFTER_MAX_S, OpenAICompatibleLLM
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
+
+API_KEY = "sk-test-SECRET-0123456789abcdef"
+QUESTION = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi")]
+ABILITIES = {"tool_call": True, "json_mode": True, "streaming": True}
+
+
+class RecordingSleep:
+    """Stands in for asyncio.sleep so retries do not wait; remembers every delay asked for."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as srv:
+        yield srv
+        srv.assert_done()
+
+
+@pytest.fixture
+def sleep() -> RecordingSleep:
+    return RecordingSleep()
+
+
+@pytest.fixture
+async def make_llm(
+    server: FakeOpenAIServer, sleep: RecordingSleep
+) -> AsyncIterator[Callable[..., OpenAICompatibleLLM]]:
+    made: list[OpenAICompatibleLLM] = []
+
+    def make(**kw: Any) -> OpenAICompatibleLLM:
+        options: dict[str, Any] = {"timeout_s": 5.0, "max_retries": 3, "sleep": sleep}
+        options.update(kw)
+        llm = OpenAICompatibleLLM(server.base_url, API_KEY, "test-model", ABILITIES, **options)
+        made.append(llm)
+        return llm
+
+    yield make
+    for llm in made:
+        await llm.aclose()
+
+
+async def collect(stream: AsyncIterator[StreamItem]) -> list[StreamItem]:
+    return [item async for item in stream]
+
+
+# -- chat ------------------------------------------------------------------------------------
+
+
+async def test_chat_returns_content_usage_and_finish_reason(server: FakeOpenAIServer, make_llm: Any) -> None:
+    server.script(FakeReply.text("Hello there.", usage=(12, 3)))
+
+    result = await make_llm().chat(QUESTION)
+
+    assert result.content == "Hello there."
+    assert result.tool_calls == ()
+    assert result.usage == TokenUsage(12, 3, 15)
+    assert result.finish_reason == "stop"
+    assert result.attempts == 1
+    body = server.requests[0]
+    assert body["model"] == "test-model"
+    assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert "tools" not in body and "response_format" not in body and not body.get("stream")
+
+
+async def test_chat_sends_the_api_key_as_bearer_token(server: FakeOpenAIServer, make_llm: Any) -> None:
+    server.script(FakeReply.text("ok"))
+
+    await make_llm().chat(QUESTION)
+
+    assert server.received[0].headers["authorization"] == f"Bearer {API_KEY}"
+
+
+async def test_chat_passes_tools_tool_choice_and_response_format_through(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    tool = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
+    choice = {"type": "function", "function": {"name": "calc"}}
+    server.script(FakeReply.text("{}"))
+
+    await make_llm().chat(QUESTION, tools=[tool], tool_choice=choice, response_format={"type": "json_object"})
+
+    body = server.requests[0]
+    assert body["tools"] == [tool]
+    assert body["tool_choice"] == choice
+    assert body["response_format"] == {"type": "json_object"}
+
+
+async def test_tool_calls_keep_ids_names_and_raw_argument_strings(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.tool_calls([("calculator", {"expression": "2+2"}), ("broken", "{not json")]))
+
+    result = await make_llm().chat(QUESTION)
+
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [
+        ("calculator", '{"expression":"2+2"}'),
+        ("broken", "{not json"),
+    ]
+    assert result.tool_calls[0].id == "call_0_calculator"
+    assert result.finish_reason == "tool_calls"
+
+
+async def test_assistant_tool_call_history_is_sent_in_openai_shape(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.tool_calls([("calculator", {"expression": "1+1"})]), FakeReply.text("2"))
+    llm = make_llm()
+    first = await llm.chat(QUESTION)
+
+    history = [
+        *QUESTION,
+        ChatMessage(role="assistant", content=None, tool_calls=first.tool_calls),
+        ChatMessage(role="tool", content="2", tool_call_id=first.tool_calls[0].id),
+    ]
+    await llm.chat(history)
+
+    sent = server.requests[1]["messages"]
+    assert sent[2]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": '{"expression":"1+1"}'}
+    assert sent[3] == {"role": "tool", "content": "2", "tool_call_id": "call_0_calculator"}
+
+
+async def test_reasoning_content_is_read_from_the_message_extra_field(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.text('{"type": "final_answer"}', reasoning_content="First I think."))
+
+    result = await make_llm().chat(QUESTION)
+
+    assert result.reasoning_content == "First I think."
+
+
+async def test_reasoning_content_is_none_when_the_provider_sends_none(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.text("plain"))
+
+    assert (await make_llm().chat(QUESTION)).reasoning_content is None
+
+
+# -- retries ---------------------------------------------------------------------------------
+
+
+async def test_429_waits_exactly_the_retry_after_seconds_then_succeeds(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.error(429, headers={"Retry-After": "7"}), FakeReply.text("ok"))
+
+    result = await make_llm().chat(QUESTION)
+
+    assert result.content == "ok"
+    assert result.attempts == 2
+    assert sleep.delays == [7.0]
+
+
+async def test_retry_after_ms_takes_precedence_over_retry_after(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    headers = {"retry-after-ms": "250", "retry-after": "9"}
+    server.script(FakeReply.error(429, headers=headers), FakeReply.text("ok"))
+
+    await make_llm().chat(QUESTION)
+
+    assert sleep.delays == [0.25]
+
+
+async def test_retry_after_as_http_date_is_honoured(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    when = format_datetime(datetime.now(UTC) + timedelta(seconds=20), usegmt=True)
+    server.script(FakeReply.error(503, headers={"Retry-After": when}), FakeReply.text("ok"))
+
+    await make_llm().chat(QUESTION)
+
+    assert len(sleep.delays) == 1
+    assert 15.0 <= sleep.delays[0] <= 20.0
+
+
+async def test_a_huge_retry_after_is_capped(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.error(429, headers={"Retry-After": "86400"}), FakeReply.text("ok"))
+
+    await make_llm().chat(QUESTION)
+
+    assert sleep.delays == [RETRY_AFTER_MAX_S]
+
+
+async def test_500_then_success_retries_after_a_jittered_backoff(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.error(500), FakeReply.error(502), FakeReply.text("ok", usage=(4, 2)))
+
+    result = await make_llm().chat(QUESTION)
+
+    assert result.content == "ok"
+    assert result.attempts == 3
+    assert len(sleep.delays) == 2
+    assert 0.0 <= sleep.delays[0] <= BACKOFF_BASE_S
+    assert 0.0 <= sleep.delays[1] <= 2 * BACKOFF_BASE_S
+    assert len(server.requests) == 3
+
+
+async def test_retries_are_exhausted_into_llm_unavailable_with_the_status(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(*[FakeReply.error(503) for _ in range(3)])
+
+    with pytest.raises(LLMUnavailableError) as caught:
+        await make_llm(max_retries=2).chat(QUESTION)
+
+    assert caught.value.attempts == 3
+    assert "503" in str(caught.value)
+    assert len(sleep.delays) == 2
+
+
+@pytest.mark.parametrize("status", [408, 409])
+async def test_408_and_409_are_retried(status: int, server: FakeOpenAIServer, make_llm: Any) -> None:
+    server.script(FakeReply.error(status), FakeReply.text("ok"))
+
+    assert (await make_llm().chat(QUESTION)).attempts == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+async def test_other_4xx_is_a_response_error_and_not_retried(
+    status: int, server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.error(status))
+
+    with pytest.raises(LLMResponseError) as caught:
+        await make_llm().chat(QUESTION)
+
+    assert str(status) in str(caught.value)
+    assert caught.value.attempts == 1
+    assert sleep.delays == []
+
+
+async def test_a_hang_past_the_timeout_is_retried_then_reported_unavailable(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.hang(5), FakeReply.hang(5))
+
+    with pytest.raises(LLMUnavailableError) as caught:
+        await make_llm(timeout_s=0.3, max_retries=1).chat(QUESTION)
+
+    assert "timed out" in str(caught.value)
+    assert caught.value.attempts == 2
+    assert len(sleep.delays) == 1
+
+
+async def test_a_hang_then_a_fast_reply_succeeds_on_the_retry(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.hang(5), FakeReply.text("fast"))
+
+    result = await make_llm(timeout_s=0.3).chat(QUESTION)
+
+    assert (result.content, result.attempts) == ("fast", 2)
+
+
+async def test_connection_refused_becomes_llm_unavailable(sleep: RecordingSleep) -> None:
+    with FakeOpenAIServer() as closed:
+        url = closed.base_url  # the port is free again once the server stops
+    llm = OpenAICompatibleLLM(url, API_KEY, "m", ABILITIES, timeout_s=2, max_retries=2, sleep=sleep)
+    try:
+        with pytest.raises(LLMUnavailableError) as caught:
+            await llm.chat(QUESTION)
+    finally:
+        await llm.aclose()
+
+    assert "connection error" in str(caught.value)
+    assert caught.value.attempts == 3
+
+
+# -- unusable replies ------------------------------------------------------------------------
+
+
+async def test_a_malformed_json_body_is_a_response_error_and_not_retried(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.malformed(b'{"choices": [ this is not json'))
+
+    with pytest.raises(LLMResponseError, match="not valid JSON"):
+        await make_llm().chat(QUESTION)
+
+    assert sleep.delays == []
+
+
+async def test_a_body_that_is_not_json_at_all_is_a_response_error(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.malformed(b"<html>gateway says hi</html>", content_type="text/html"))
+
+    with pytest.raises(LLMResponseError, match="not JSON"):
+        await make_llm().chat(QUESTION)
+
+
+async def test_an_empty_choice_list_is_a_response_error(server: FakeOpenAIServer, make_llm: Any) -> None:
+    server.script(FakeReply.no_choices())
+
+    with pytest.raises(LLMResponseError, match="no choices"):
+        await make_llm().chat(QUESTION)
+
+
+async def test_a_json_body_of_the_wrong_shape_is_a_response_error(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.malformed(json.dumps({"object": "chat.completion", "choices": "nope"}).encode()))
+
+    with pytest.raises(LLMResponseError):
+        await make_llm().chat(QUESTION)
+
+
+async def test_the_api_key_never_appears_in_error_messages(server: FakeOpenAIServer, make_llm: Any) -> None:
+    echoed = {"error": {"message": f"Incorrect API key provided: {API_KEY}. Bearer {API_KEY}"}}
+    server.script(FakeReply.error(401, body=echoed), *[FakeReply.error(500, body=echoed) for _ in range(2)])
+    llm = make_llm(max_retries=1)
+
+    with pytest.raises(LLMResponseError) as auth_error:
+        await llm.chat(QUESTION)
+    with pytest.raises(LLMUnavailableError) as unavailable:
+        await llm.chat(QUESTION)
+
+    for error in (auth_error.value, unavailable.value):
+        text = f"{error} {error!r}"
+        assert API_KEY not in text
+        assert "SECRET" not in text
+    assert "401" in str(auth_error.value)
+
+
+# -- streaming -------------------------------------------------------------------------------
+
+
+async def test_stream_yields_deltas_then_usage_from_the_final_chunk(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.stream(["Hel", "lo", " world"], usage=(21, 3)))
+
+    items = await collect(make_llm().stream_chat(QUESTION))
+
+    assert items == [
+        TextDelta("Hel"),
+        TextDelta("lo"),
+        TextDelta(" world"),
+        StreamEnd(usage=TokenUsage(21, 3, 24), attempts=1),
+    ]
+    body = server.requests[0]
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+
+
+async def test_stream_is_retried_when_it_fails_before_the_first_delta(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(
+        FakeReply.error(503),
+        FakeReply.stream(["never", "sent"], cut_after=0),
+        FakeReply.stream(["a", "b"], usage=(1, 2)),
+    )
+
+    items = await collect(make_llm().stream_chat(QUESTION))
+
+    assert [i.text for i in items if isinstance(i, TextDelta)] == ["a", "b"]
+    assert items[-1] == StreamEnd(usage=TokenUsage(1, 2, 3), attempts=3)
+    assert len(sleep.delays) == 2
+
+
+async def test_stream_cut_after_tokens_raises_and_never_resends_them(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    server.script(FakeReply.stream(["one ", "two ", "three ", "four"], cut_after=2))
+    received: list[str] = []
+
+    with pytest.raises(LLMUnavailableError) as caught:
+        async for item in make_llm().stream_chat(QUESTION):
+            assert isinstance(item, TextDelta)
+            received.append(item.text)
+
+    assert received == ["one ", "two "]
+    assert "after tokens were sent" in str(caught.value)
+    assert len(server.requests) == 1
+    assert sleep.delays == []
+
+
+async def test_stream_retries_are_exhausted_into_llm_unavailable(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.error(500), FakeReply.error(500))
+
+    with pytest.raises(LLMUnavailableError) as caught:
+        await collect(make_llm(max_retries=1).stream_chat(QUESTION))
+
+    assert caught.value.attempts == 2
+
+
+async def test_stream_stalling_past_the_timeout_before_any_token_is_retried(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.script(FakeReply.stream(["late"], delay_s=5), FakeReply.stream(["on time"]))
+
+    items = await collect(make_llm(timeout_s=0.3).stream_chat(QUESTION))
+
+    assert [i.text for i in items if isinstance(i, TextDelta)] == ["on time"]
+    assert isinstance(items[-1], StreamEnd) and items[-1].attempts == 2
+
+
+async def test_stream_with_a_4xx_is_a_response_error(server: FakeOpenAIServer, make_llm: Any) -> None:
+    server.script(FakeReply.error(400))
+
+    with pytest.raises(LLMResponseError):
+        await collect(make_llm().stream_chat(QUESTION))
+
+
+async def test_stream_with_a_malformed_chunk_is_a_response_error(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    raw = b"data: {this is not json\n\n"
+    server.script(FakeReply.malformed(raw, content_type="text/event-stream"))
+
+    with pytest.raises(LLMResponseError):
+        await collect(make_llm().stream_chat(QUESTION))
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+async def test_aclose_leaves_a_caller_supplied_http_client_open(server: FakeOpenAIServer) -> None:
+    server.script(FakeReply.text("ok"))
+    async with httpx.AsyncClient() as http:
+        llm = OpenAICompatibleLLM(server.base_url, None, "m", ABILITIES, http_client=http)
+        await llm.aclose()
+
+        assert not http.is_closed
+        assert (await llm.chat(QUESTION)).content == "ok"
+
+
+async def test_exposes_model_name_and_abilities() -> None:
+    llm = OpenAICompatibleLLM("http://127.0.0.1:9/v1", None, "gpt-x", {"tool_call": False})
+    await llm.aclose()
+
+    assert llm.model_name == "gpt-x"
+    assert llm.abilities == {"tool_call": False}
