@@ -307,19 +307,30 @@ async function openConversation(id) {
   }
 }
 
+/**
+ * The stored messages hold the engine's whole transcript (tool calls, observations, nudges), so a
+ * run is drawn from its events instead: the question, then the same view a live run gets.
+ */
 function renderMessages(messages, activeRunId) {
   const nodes = [];
+  const seenRuns = new Set();
   for (const message of messages) {
-    const content = typeof message.content === "string" ? message.content : JSON.stringify(message.content);
-    if (message.role === "user") {
+    const content = typeof message.content === "string" ? message.content : "";
+    if (message.run_id) {
+      if (seenRuns.has(message.run_id)) continue;
+      seenRuns.add(message.run_id);
+      const question = messages.find((m) => m.run_id === message.run_id && m.role === "user" && !m.pinned);
+      if (question) nodes.push(userBubble(question.content ?? ""));
+      if (message.run_id !== activeRunId) nodes.push(finishedRun(message.run_id));
+    } else if (content && message.role === "user") {
       nodes.push(userBubble(content));
-    } else if (message.role === "assistant") {
-      // The active run's answer is drawn by its live run view.
-      if (activeRunId && message.run_id === activeRunId) continue;
-      nodes.push(assistantBubble(content, message.run_id));
+    } else if (content && message.role === "assistant" && !message.tool_calls) {
+      const body = el("div", { className: "markdown" });
+      body.innerHTML = renderMarkdown(content);
+      nodes.push(el("div", { className: "bubble assistant", "data-testid": "assistant-message" }, body));
     }
   }
-  if (!nodes.length) nodes.push(dom.welcome);
+  if (!nodes.length && !activeRunId) nodes.push(dom.welcome);
   dom.messages.replaceChildren(...nodes);
 }
 
@@ -327,31 +338,23 @@ function userBubble(text) {
   return el("div", { className: "bubble user", "data-testid": "user-message" }, el("div", { className: "bubble-text" }, text));
 }
 
-function assistantBubble(text, runId) {
-  const body = el("div", { className: "markdown" });
-  body.innerHTML = renderMarkdown(text);
-  const bubble = el("div", { className: "bubble assistant", "data-testid": "assistant-message" }, body);
-  if (!runId) return bubble;
-  // A finished run's steps are fetched only when asked for.
-  const steps = el("div", { className: "history-steps" });
-  const details = el("details", { className: "run-history" }, el("summary", {}, "Show the agent's steps"), steps);
-  details.addEventListener("toggle", async () => {
-    if (!details.open || details.dataset.loaded) return;
-    details.dataset.loaded = "yes";
-    steps.replaceChildren(el("p", { className: "loading" }, "Loading steps…"));
-    try {
-      const events = await api.runEvents(runId);
-      const view = new RunView({ runId, showAnswer: false });
+/** A finished run, filled in from its stored events once they arrive. */
+function finishedRun(runId) {
+  const view = new RunView({ runId });
+  view.setStatus("Loading…");
+  api
+    .runEvents(runId)
+    .then((events) => {
       for (const ev of events ?? []) view.handle(ev);
       view.setStatus("");
-      steps.replaceChildren(view.root);
-    } catch (err) {
-      delete details.dataset.loaded;
-      steps.replaceChildren(el("p", { className: "loading" }, "Could not load the steps."));
+      scrollIfFollowing();
+    })
+    .catch((err) => {
+      view.setStatus("");
+      view.timeline.append(el("p", { className: "loading" }, "Could not load this run."));
       reportError(err);
-    }
-  });
-  return el("div", { className: "assistant-turn" }, bubble, details);
+    });
+  return view.root;
 }
 
 // ---------------------------------------------------------------------------------------------

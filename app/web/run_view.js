@@ -45,14 +45,9 @@ function plural(n, word) {
 const ANSWER_RENDER_DELAY_MS = 40;
 
 export class RunView {
-  /**
-   * runId: the run these events belong to (events of another run are ignored), or null to take it
-   * from the first event. showAnswer: false for a finished run whose answer is already shown as a
-   * message.
-   */
-  constructor({ runId = null, showAnswer = true } = {}) {
+  /** runId: the run these events belong to (others are ignored), or null to take it from the first event. */
+  constructor({ runId = null } = {}) {
     this.runId = runId;
-    this.showAnswer = showAnswer;
     this.seen = new Set();
     this.events = [];
     this.lastId = null;
@@ -257,7 +252,6 @@ export class RunView {
   }
 
   onAnswer(data) {
-    if (!this.showAnswer) return;
     if (data.status === "start") {
       this.ensureAnswerBubble();
       this.setStatus("Writing the answer…");
@@ -293,22 +287,20 @@ export class RunView {
     for (const card of [...this.toolCards, ...this.thinkingCards.values()]) {
       if (card.root.dataset.state === "running") card.setState("stopped");
     }
-    if (this.showAnswer) {
-      const final = data.answer ?? "";
-      if (final && final !== this.answerText) {
-        // Synthesis failed part-way (or never streamed): the service's fallback answer replaces it.
-        const partial = Boolean(this.answerText);
-        this.ensureAnswerBubble();
-        this.answerText = final;
-        if (partial) {
-          this.answerBubble.append(
-            el("p", { className: "answer-note" }, "The streamed answer was cut short; this is the fallback answer."),
-          );
-        }
+    const final = data.answer ?? "";
+    if (final && final !== this.answerText) {
+      // Synthesis failed part-way (or never streamed): the service's fallback answer replaces it.
+      const partial = Boolean(this.answerText);
+      this.ensureAnswerBubble();
+      this.answerText = final;
+      if (partial) {
+        this.answerBubble.append(
+          el("p", { className: "answer-note" }, "The streamed answer was cut short; this is the fallback answer."),
+        );
       }
-      this.renderAnswerNow();
-      this.answerBubble?.classList.remove("streaming");
     }
+    this.renderAnswerNow();
+    this.answerBubble?.classList.remove("streaming");
     const usage = data.usage ?? {};
     const status = data.status ?? "completed";
     const parts = [
