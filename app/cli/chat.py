@@ -134,5 +134,9 @@ class ChatSession:
         return EXIT_DETACHED
 
     def _reconnecting(self, attempt: int, reason: str) -> None:
+        # One quiet reconnect is routine (a server restarting, a proxy closing the stream); saying
+        # so would only split the answer being streamed. Repeated failures are worth a note.
+        if attempt == 1:
+            return
         self._renderer.break_line()
         self._renderer.info(f"· {reason}; reconnecting (attempt {attempt}/{self._max_retries})")

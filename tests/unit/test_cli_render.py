@@ -1,0 +1,219 @@
+"""Rendering recorded event sequences the way ``agentstream chat`` prints them."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from app.cli.render import HumanRenderer, JsonRenderer
+from app.cli.sse import ServerEvent
+
+USAGE = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150, "llm_calls": 3}
+
+
+def ev(event: str, **data: Any) -> ServerEvent:
+    return ServerEvent(event=event, data={"run_id": "r1", **data})
+
+
+def done(answer: str, **overrides: Any) -> ServerEvent:
+    fields: dict[str, Any] = {
+        "answer": answer,
+        "iterations": 1,
+        "usage": USAGE,
+        "elapsed": 1.5,
+        "status": "completed",
+        "error": None,
+        "pending_injections": [],
+    }
+    return ev("done", **{**fields, **overrides})
+
+
+CALCULATOR_RUN = [
+    ev("phase", phase="selecting_tools", total_tools=14),
+    ev("step", type="thinking", status="start", iteration=1),
+    ev("step", type="thinking", status="done", iteration=1, reasoning="Multiply them."),
+    ev(
+        "step",
+        type="iteration",
+        status="start",
+        iteration=1,
+        tool_name="calculator",
+        tool_args={"expression": "17*23"},
+    ),
+    ev(
+        "step",
+        type="iteration",
+        status="done",
+        iteration=1,
+        tool_name="calculator",
+        observation="391",
+        error=None,
+        iter_elapsed=0.0123,
+    ),
+    ev("step", type="answer", status="start"),
+    ev("answer", status="start"),
+    ev("answer", status="delta", content="17*23 "),
+    ev("answer", status="delta", content="= 391."),
+    ev("answer", status="done"),
+    done("17*23 = 391."),
+]
+
+
+def render(events: list[ServerEvent], *, verbose: bool = False) -> str:
+    out = io.StringIO()
+    renderer = HumanRenderer(out, verbose=verbose)
+    for event in events:
+        renderer.handle(event)
+    return out.getvalue()
+
+
+def test_calculator_run_prints_tool_step_streamed_answer_and_footer() -> None:
+    assert render(CALCULATOR_RUN) == (
+        "· phase: selecting_tools (14 tools)\n"
+        '→ calculator {"expression": "17*23"}\n'
+        "  ← 391 (0.01s)\n"
+        "17*23 = 391.\n"
+        "── completed · 1 iteration · 150 tokens (120 in, 30 out) · 3 LLM calls · 1.50s\n"
+    )
+
+
+def test_answer_tokens_are_written_as_they_arrive_without_waiting_for_done() -> None:
+    out = io.StringIO()
+    renderer = HumanRenderer(out)
+    for event in CALCULATOR_RUN[:8]:
+        renderer.handle(event)
+    assert out.getvalue().endswith("  ← 391 (0.01s)\n17*23 ")
+
+
+def test_verbose_shows_the_reasoning_and_full_observation() -> None:
+    long_observation = "line one\nline two " + "x" * 300
+    events = [
+        ev("step", type="thinking", status="done", iteration=1, reasoning="Look it up."),
+        ev(
+            "step",
+            type="iteration",
+            status="done",
+            iteration=1,
+            tool_name="t",
+            observation=long_observation,
+            error=None,
+            iter_elapsed=1,
+        ),
+    ]
+    assert render(events, verbose=True) == f"  … Look it up.\n  ← {long_observation} (1.00s)\n"
+
+
+def test_long_observation_is_flattened_and_truncated() -> None:
+    event = ev(
+        "step",
+        type="iteration",
+        status="done",
+        iteration=1,
+        tool_name="t",
+        observation="a\nb " + "y" * 400,
+        error=None,
+        iter_elapsed=0.5,
+    )
+    line = render([event]).rstrip("\n")
+    assert line.startswith("  ← a b yyy")
+    assert line.endswith("… (0.50s)")
+    assert len(line) < 220
+
+
+def test_failed_tool_step_prints_the_error() -> None:
+    event = ev(
+        "step",
+        type="iteration",
+        status="done",
+        iteration=2,
+        tool_name="calculator",
+        observation="",
+        error="division by zero",
+        iter_elapsed=0.001,
+    )
+    assert render([event]) == "  ✗ division by zero (0.00s)\n"
+
+
+def test_artifact_of_a_tool_step_is_named() -> None:
+    event = ev(
+        "step",
+        type="iteration",
+        status="done",
+        iteration=1,
+        tool_name="plot",
+        observation="ok",
+        error=None,
+        iter_elapsed=0.2,
+        artifact={"filename": "chart.svg", "mime_type": "image/svg+xml", "content": "<svg/>"},
+    )
+    assert render([event]) == "  ← ok (0.20s)\n  ⎘ chart.svg (image/svg+xml)\n"
+
+
+def test_compact_and_inject_lines() -> None:
+    events = [
+        ev("compact", original_messages=40, kept_messages=12),
+        ev("inject", type="inject", content="hurry"),
+    ]
+    assert render(events) == "· context compacted: 40 → 12 messages\n· injected: hurry\n"
+
+
+def test_synthesis_failure_replaces_the_partial_text_with_done_answer() -> None:
+    events = [
+        ev("answer", status="start"),
+        ev("answer", status="delta", content="The resu"),
+        done("Fallback: 391", error="synthesis failed: stream broke"),
+    ]
+    assert render(events) == (
+        "The resu\n"
+        "(the streamed answer was incomplete; the final answer is:)\n"
+        "Fallback: 391\n"
+        "── completed · 1 iteration · 150 tokens (120 in, 30 out) · 3 LLM calls · 1.50s\n"
+        "   error: synthesis failed: stream broke\n"
+    )
+
+
+def test_done_answer_without_any_streamed_text_is_printed_plainly() -> None:
+    output = render([done("Only in done.", status="failed", error="LLM unavailable", iterations=0)])
+    assert output.startswith("Only in done.\n── failed · 0 iterations · ")
+    assert output.endswith("   error: LLM unavailable\n")
+
+
+def test_pending_injections_are_listed_after_the_footer() -> None:
+    output = render([done("", status="cancelled", pending_injections=["too late"])])
+    assert output.splitlines()[-1] == "   not delivered: too late"
+    assert output.startswith("── cancelled")
+
+
+def test_unknown_event_kind_is_shown_rather_than_dropped() -> None:
+    assert render([ServerEvent(event="mystery", data={"x": 1})]) == '· mystery: {"x": 1}\n'
+
+
+def test_note_during_a_half_streamed_answer_starts_on_a_new_line() -> None:
+    out = io.StringIO()
+    renderer = HumanRenderer(out)
+    renderer.handle(ev("answer", status="delta", content="partial"))
+    renderer.info("· reconnecting")
+    assert out.getvalue() == "partial\n· reconnecting\n"
+
+
+def test_run_summary_prints_the_stored_answer_and_footer() -> None:
+    out = io.StringIO()
+    HumanRenderer(out).run_summary(
+        {"answer": "42", "iterations": 2, "usage": USAGE, "elapsed": 3, "status": "completed", "error": None}
+    )
+    assert (
+        out.getvalue()
+        == "42\n── completed · 2 iterations · 150 tokens (120 in, 30 out) · 3 LLM calls · 3.00s\n"
+    )
+
+
+def test_json_renderer_prints_one_json_line_per_event_and_notes_on_stderr() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    renderer = JsonRenderer(out, err)
+    for event in CALCULATOR_RUN:
+        renderer.handle(event)
+    renderer.info("conversation: c1")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["event"], line["data"]) for line in lines] == [(e.event, e.data) for e in CALCULATOR_RUN]
+    assert err.getvalue() == "conversation: c1\n"
