@@ -37,6 +37,22 @@ def next_cursor(last: str | None, now_ms: int) -> str:
     return format_cursor(ms, seq + 1)
 
 
+class EventBusError(Exception):
+    """Base of the bus errors below."""
+
+
+class BusUnavailableError(EventBusError):
+    """The bus cannot be reached right now (e.g. Redis restarting); the caller may retry."""
+
+
+class BusClosedError(EventBusError):
+    """The bus was closed (the process is shutting down); retrying is pointless."""
+
+
+class EventOrderError(EventBusError):
+    """An appended id is not greater than the newest id the bus holds (e.g. another writer)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     """One event as every reader sees it: live, replayed or from the database.
@@ -56,7 +72,11 @@ class StoredEvent:
 
 class EventBus(Protocol):
     async def append(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        """Append events (ids already assigned, increasing) in one round trip."""
+        """Append events (ids already assigned, increasing) in one round trip.
+
+        Raises ``EventOrderError`` if an id is not greater than the newest one held, and
+        ``BusUnavailableError`` if the bus cannot be reached (some events may have been appended).
+        """
         ...
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
@@ -70,7 +90,13 @@ class EventBus(Protocol):
     async def last_id(self, conversation_id: str) -> str | None: ...
 
     def follow(self, conversation_id: str, after: str) -> AsyncIterator[StoredEvent]:
-        """Events with id > ``after`` as they are appended (replay what is held, then live)."""
+        """Events with id > ``after`` as they are appended (replay what is held, then live).
+
+        Never ends by itself. Raises ``BusUnavailableError`` when it cannot vouch that nothing was
+        lost (the bus was unreachable too long, or came back without the events after ``after``):
+        the caller re-checks against the database (``app.streaming.resume``). Raises
+        ``BusClosedError`` once the bus is closed.
+        """
         ...
 
     async def expire(self, conversation_id: str, seconds: int) -> None:
@@ -79,6 +105,8 @@ class EventBus(Protocol):
 
     async def delete(self, conversation_id: str) -> None: ...
 
-    async def ping(self) -> bool: ...
+    async def ping(self) -> bool:
+        """True if the bus is reachable (``/readyz``); never raises."""
+        ...
 
     async def close(self) -> None: ...

@@ -1,0 +1,360 @@
+"""``RunPublisher``: turns one run's engine events into stored events on the bus and in the database.
+
+``publish()`` never waits for I/O. It assigns the event its id, encodes it once, and queues it; a
+background sender pushes queued events to the bus in batches ("natural batching": at once when
+idle, while a send is in flight the next batch accumulates), so latency is about one round trip at
+low load and batches grow with load. Consecutive answer deltas still waiting to be sent merge into
+one delta whose content is their exact concatenation. A second background task persists the same
+events to the database in larger batches, retrying with backoff: the database is the durable
+record, the bus is the fast path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import orjson
+
+from app.engine.events import AnswerDelta, EngineEvent, RunDone
+from app.streaming.bus import EventBus, EventOrderError, StoredEvent, next_cursor, parse_cursor
+
+log = logging.getLogger("app.streaming.publisher")
+
+
+class EventStore(Protocol):
+    async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+        """Store events; ids already stored are skipped, so a retried batch is harmless."""
+        ...
+
+
+class PublisherClosedError(Exception):
+    """``publish()`` after ``close()``."""
+
+
+class EventPersistError(Exception):
+    """The database kept refusing the run's events for longer than ``store_retry_s``."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _PendingDelta:
+    """Answer deltas merged while waiting for the sender; encoded when the sender takes them."""
+
+    __slots__ = ("id", "parts")
+
+    def __init__(self, event_id: str, content: str) -> None:
+        self.id = event_id
+        self.parts = [content]
+
+
+def _backoff(attempt: int, cap: float) -> float:
+    return min(cap, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2)
+
+
+class RunPublisher:
+    """Publishes one run's events, in order, to the bus and the event store.
+
+    ``last_id`` is the conversation's newest cursor before the run, so ids keep increasing across
+    runs. ``on_published(events)`` is called after each batch reaches the bus. ``close()`` returns
+    once everything published (the ``done`` event included) is on the bus and in the store, then
+    sets the stream to expire in ``retention_s``.
+
+    The bus is retried for ``bus_retry_s`` per batch; past that the publisher gives the bus up for
+    the rest of the run (sending later events would leave a silent hole for live followers) and
+    readers get the events from the store. The store is retried for ``store_retry_s``; past that
+    ``flush()``/``close()`` raise ``EventPersistError``.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        store: EventStore,
+        conversation_id: str,
+        run_id: str,
+        *,
+        last_id: str | None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        coalesce_ms: float = 2.0,
+        on_published: Callable[[list[StoredEvent]], object] | None = None,
+        retention_s: float = 600,
+        bus_retry_s: float = 30.0,
+        store_retry_s: float = 120.0,
+        store_interval_ms: float = 100.0,
+        store_batch: int = 500,
+        bus_batch: int = 1000,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.run_id = run_id
+        self._bus = bus
+        self._store = store
+        self._last_id = last_id
+        self._clock_ms = clock_ms
+        self._coalesce_s = max(0.0, coalesce_ms / 1000)
+        self._on_published = on_published
+        self._retention_s = retention_s
+        self._bus_retry_s = bus_retry_s
+        self._store_retry_s = store_retry_s
+        self._store_interval_s = max(0.0, store_interval_ms / 1000)
+        self._store_batch = store_batch
+        self._bus_batch = bus_batch
+
+        self._pending: list[StoredEvent | _PendingDelta] = []
+        self._pending_since = 0.0
+        self._sending = False
+        self._to_store: list[StoredEvent] = []
+        self._saving = False
+        self._bus_wake = asyncio.Event()
+        self._store_wake = asyncio.Event()
+        self._store_now = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._urgent = False
+        self._closing = False
+        self._closed = False
+        self._done_published = False
+        self._bus_given_up = False
+        self._store_error: EventPersistError | None = None
+        self._bus_task: asyncio.Task[None] | None = None
+        self._store_task: asyncio.Task[None] | None = None
+
+    # ---- the engine's side -----------------------------------------------------------------
+
+    async def publish(self, event: EngineEvent) -> StoredEvent | None:
+        """Queue ``event``; returns its stored form, or None for an answer delta (it may still merge)."""
+        if self._closing:
+            raise PublisherClosedError(f"publisher of run {self.run_id} is closed")
+        if self._bus_task is None:
+            self._start()
+        pending = self._pending
+        if type(event) is AnswerDelta:
+            if not event.content:
+                return None
+            if pending and type(pending[-1]) is _PendingDelta:
+                pending[-1].parts.append(event.content)
+                return None
+            self._queue(_PendingDelta(self._next_id(), event.content))
+            return None
+        stored = StoredEvent(self._next_id(), event.channel, self._encode(event), self.run_id)
+        if isinstance(event, RunDone):
+            self._done_published = True
+            self._urgent = True
+            self._store_now.set()
+        self._queue(stored)
+        return stored
+
+    async def flush(self) -> None:
+        """Wait until everything published so far is on the bus (or given up) and in the store."""
+        if self._bus_task is None:
+            return
+        self._urgent = True
+        self._store_now.set()
+        self._bus_wake.set()
+        self._store_wake.set()
+        async with self._progress:
+            await self._progress.wait_for(self._flushed)
+        self._urgent = self._done_published
+        if not self._urgent:
+            self._store_now.clear()
+        if self._store_error is not None:
+            raise self._store_error
+
+    async def close(self) -> None:
+        """Flush, stop the background tasks, and start the retention clock if ``done`` was sent."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            for task in (self._bus_task, self._store_task):
+                if task is not None:
+                    task.cancel()
+            for task in (self._bus_task, self._store_task):
+                if task is not None:
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
+        if self._done_published and not self._bus_given_up:
+            try:
+                await self._bus.expire(self.conversation_id, int(self._retention_s))
+            except Exception:
+                log.warning(
+                    "could not set the stream's expiry",
+                    extra=self._context,
+                    exc_info=True,
+                )
+
+    # ---- internals -------------------------------------------------------------------------
+
+    @property
+    def _context(self) -> dict[str, str]:
+        return {"conversation_id": self.conversation_id, "run_id": self.run_id}
+
+    def _start(self) -> None:
+        self._bus_task = asyncio.create_task(self._send_loop(), name=f"publish-bus-{self.run_id}")
+        self._store_task = asyncio.create_task(self._store_loop(), name=f"publish-store-{self.run_id}")
+
+    def _next_id(self) -> str:
+        self._last_id = next_cursor(self._last_id, self._clock_ms())
+        return self._last_id
+
+    def _encode(self, event: EngineEvent) -> str:
+        data = event.data()
+        data["run_id"] = self.run_id
+        return orjson.dumps(data).decode()
+
+    def _queue(self, item: StoredEvent | _PendingDelta) -> None:
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.append(item)
+        self._bus_wake.set()
+
+    def _take(self) -> list[StoredEvent]:
+        """Up to ``bus_batch`` pending items as stored events, each delta encoded once, now."""
+        items = self._pending[: self._bus_batch]
+        del self._pending[: len(items)]
+        if self._pending:
+            self._pending_since = time.monotonic()
+        out: list[StoredEvent] = []
+        for item in items:
+            if type(item) is _PendingDelta:
+                content = item.parts[0] if len(item.parts) == 1 else "".join(item.parts)
+                item = StoredEvent(item.id, "answer", self._encode(AnswerDelta(content)), self.run_id)
+            out.append(item)  # type: ignore[arg-type]
+        return out
+
+    def _flushed(self) -> bool:
+        bus_idle = (not self._pending and not self._sending) or self._bus_given_up
+        store_idle = (not self._to_store and not self._saving) or self._store_error is not None
+        return bus_idle and store_idle
+
+    async def _notify(self) -> None:
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def _send_loop(self) -> None:
+        while True:
+            if not self._pending:
+                self._bus_wake.clear()
+                await self._bus_wake.wait()
+                continue
+            if self._coalesce_s and not self._urgent and type(self._pending[-1]) is _PendingDelta:
+                # A short window in which further tokens merge into this delta.
+                wait = self._pending_since + self._coalesce_s - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            self._sending = True
+            batch = self._take()
+            if self._store_error is None:
+                self._to_store.extend(batch)
+                self._store_wake.set()
+            try:
+                if not self._bus_given_up:
+                    await self._send(batch)
+            finally:
+                self._sending = False
+            await self._notify()
+
+    async def _send(self, batch: list[StoredEvent]) -> None:
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            try:
+                if first_failure is not None:
+                    # The failed attempt may have appended a prefix of the batch: skip what is there.
+                    held = await self._bus.last_id(self.conversation_id)
+                    if held is not None:
+                        held_key = parse_cursor(held)
+                        batch = [e for e in batch if parse_cursor(e.id) > held_key]
+                if batch:
+                    await self._bus.append(self.conversation_id, batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                gave_up = now - first_failure > self._bus_retry_s or (
+                    isinstance(exc, EventOrderError) and attempt > 0
+                )
+                if gave_up:
+                    self._bus_given_up = True
+                    log.error(
+                        "event bus unusable; the run's remaining events go to the database only",
+                        extra={**self._context, "error": str(exc)},
+                    )
+                    return
+                log.warning(
+                    "event bus append failed; retrying",
+                    extra={**self._context, "error": str(exc)},
+                )
+                await asyncio.sleep(_backoff(attempt, 1.0))
+                attempt += 1
+                continue
+            if batch and self._on_published is not None:
+                try:
+                    self._on_published(batch)
+                except Exception:
+                    log.warning("on_published callback failed", exc_info=True)
+            return
+
+    async def _store_loop(self) -> None:
+        while True:
+            if not self._to_store:
+                self._store_wake.clear()
+                await self._store_wake.wait()
+                continue
+            if self._store_interval_s and not self._urgent:
+                # Let a larger batch build up: database writes cost far more than Redis appends.
+                try:
+                    await asyncio.wait_for(self._store_now.wait(), self._store_interval_s)
+                except TimeoutError:
+                    pass
+            self._saving = True
+            try:
+                await self._save(self._to_store[: self._store_batch])
+            finally:
+                self._saving = False
+            await self._notify()
+
+    async def _save(self, batch: list[StoredEvent]) -> None:
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            try:
+                await self._store.save(self.conversation_id, batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                if now - first_failure > self._store_retry_s:
+                    self._store_error = EventPersistError(
+                        f"could not store events of run {self.run_id} for {self._store_retry_s:.0f}s: {exc}"
+                    )
+                    log.error(
+                        "event store unusable; events of this run are not persisted",
+                        extra={**self._context, "error": str(exc)},
+                    )
+                    self._to_store.clear()
+                    await self._notify()
+                    # Stay parked: flush() reports the error; nothing more can be saved.
+                    await asyncio.Event().wait()
+                log.warning(
+                    "event store save failed; retrying",
+                    extra={**self._context, "error": str(exc)},
+                )
+                await asyncio.sleep(_backoff(attempt, 2.0))
+                attempt += 1
+                continue
+            del self._to_store[: len(batch)]
+            return

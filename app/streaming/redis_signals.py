@@ -1,0 +1,197 @@
+"""Cross-process run signals: the Redis-backed InterruptQueue and the cancel signal.
+
+``RedisInterruptQueue`` is a Redis list per conversation, so follow-ups posted to any worker reach
+the run wherever it executes. ``RedisCancelSignal`` sets a key (so a late check still sees the
+request) and publishes on one channel that each process listens to on a single pubsub connection.
+``MemoryCancelSignal`` is its in-process twin for a service without Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("app.streaming.signals")
+
+CancelCallback = Callable[[str], object]
+"""Called with the run id; may return an awaitable, which is awaited."""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisInterruptQueue:
+    """``InterruptQueue`` on a Redis list ``{prefix}:interrupts:{conversation_id}``.
+
+    The list expires ``ttl_s`` after the last ``put`` so a queue nobody drains does not linger.
+    """
+
+    def __init__(self, redis: Redis, prefix: str, conversation_id: str, *, ttl_s: int = 86_400) -> None:
+        self._redis = redis
+        self._key = f"{prefix}:interrupts:{conversation_id}"
+        self._ttl_s = ttl_s
+
+    async def put(self, content: str) -> int:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.rpush(self._key, content)
+        pipe.expire(self._key, self._ttl_s)
+        count, _ = await pipe.execute()
+        return int(count)
+
+    async def drain(self) -> list[str]:
+        # MULTI makes read-and-delete atomic: a put lands either in this drain or the next one.
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.lrange(self._key, 0, -1)
+        pipe.delete(self._key)
+        items, _ = await pipe.execute()
+        return [_text(item) for item in items]
+
+
+class CancelSignal(Protocol):
+    async def request(self, run_id: str) -> None:
+        """Ask whichever process runs ``run_id`` to cancel it."""
+        ...
+
+    async def is_requested(self, run_id: str) -> bool: ...
+
+    async def listen(self, callback: CancelCallback) -> None:
+        """Start calling ``callback(run_id)`` for every request; returns once listening."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+async def _invoke(callback: CancelCallback, run_id: str) -> None:
+    try:
+        result = callback(run_id)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("cancel callback failed", extra={"run_id": run_id})
+
+
+class RedisCancelSignal:
+    """Cross-process cancel: ``SET {prefix}:cancel:{run_id}`` with a TTL plus ``PUBLISH {prefix}:cancel``.
+
+    ``listen()`` keeps one pubsub connection per process and reconnects with backoff. Requests
+    published while it was disconnected are not replayed by Redis, so after reconnecting it checks
+    the keys of the run ids ``active_runs()`` names, if given.
+    """
+
+    def __init__(self, redis: Redis, prefix: str, *, ttl_s: int = 3600) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._channel = f"{prefix}:cancel"
+        self._ttl_s = ttl_s
+        self._task: asyncio.Task[None] | None = None
+        self._pubsub: Any = None
+
+    def _key(self, run_id: str) -> str:
+        return f"{self._prefix}:cancel:{run_id}"
+
+    async def request(self, run_id: str) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(self._key(run_id), b"1", ex=self._ttl_s)
+        pipe.publish(self._channel, run_id)
+        await pipe.execute()
+
+    async def is_requested(self, run_id: str) -> bool:
+        return bool(await self._redis.exists(self._key(run_id)))
+
+    async def listen(
+        self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None = None
+    ) -> None:
+        if self._task is not None:
+            raise RuntimeError("already listening")
+        await self._subscribe()
+        self._task = asyncio.create_task(self._run(callback, active_runs), name="cancel-signal-listener")
+
+    async def _subscribe(self) -> None:
+        pubsub: Any = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self._channel)
+        except BaseException:
+            await pubsub.aclose()
+            raise
+        self._pubsub = pubsub
+
+    async def _run(self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None) -> None:
+        attempt = 0
+        while True:
+            try:
+                if self._pubsub is None:
+                    await self._subscribe()
+                    attempt = 0
+                    # Requests sent while we were away only left their keys behind.
+                    for run_id in list(active_runs() if active_runs is not None else ()):
+                        if await self.is_requested(run_id):
+                            await _invoke(callback, run_id)
+                async for message in self._pubsub.listen():
+                    if message.get("type") == "message":
+                        await _invoke(callback, _text(message["data"]))
+                raise ConnectionError("pubsub connection ended")
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("cancel listener lost Redis; reconnecting", extra={"error": str(exc)})
+                await self._drop_pubsub()
+                attempt += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2.0**attempt) * (0.5 + random.random() / 2))
+
+    async def _drop_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                await pubsub.aclose()
+            except (RedisError, OSError):
+                pass
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self._drop_pubsub()
+
+
+class MemoryCancelSignal:
+    """In-process cancel signal with the interface of ``RedisCancelSignal``."""
+
+    def __init__(self, *, ttl_s: float = 3600) -> None:
+        self._ttl_s = ttl_s
+        self._requested: dict[str, float] = {}
+        self._callbacks: list[CancelCallback] = []
+
+    async def request(self, run_id: str) -> None:
+        now = time.monotonic()
+        # Forget old requests so the map cannot grow without bound.
+        for old in [r for r, at in self._requested.items() if now - at > self._ttl_s]:
+            del self._requested[old]
+        self._requested[run_id] = now
+        for callback in list(self._callbacks):
+            await _invoke(callback, run_id)
+
+    async def is_requested(self, run_id: str) -> bool:
+        at = self._requested.get(run_id)
+        return at is not None and time.monotonic() - at <= self._ttl_s
+
+    async def listen(
+        self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None = None
+    ) -> None:
+        del active_runs  # nothing can be missed in-process
+        self._callbacks.append(callback)
+
+    async def close(self) -> None:
+        self._callbacks.clear()

@@ -1,0 +1,138 @@
+"""Resuming a conversation's stream from a cursor: the bus when it can vouch, else the database.
+
+``stream_events`` yields every event after the cursor exactly once, in order, and stops after the
+first ``done``. The bus holds a conversation's recent events only (they expire after a run, Redis
+may restart empty, a stream may be trimmed), so before following the bus it checks that the bus
+still holds the events right after the cursor; when it does not, it serves them from the database
+until caught up, and only then goes back to the bus. Never a silent gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from app.streaming.bus import BusClosedError, BusUnavailableError, EventBus, StoredEvent, parse_cursor
+
+log = logging.getLogger("app.streaming.resume")
+
+PAGE = 500
+
+
+class EventStoreReader(Protocol):
+    async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
+        """Up to ``limit`` stored events with an id greater than ``after``, oldest first."""
+        ...
+
+
+async def stream_events(
+    bus: EventBus,
+    store: EventStoreReader,
+    conversation_id: str,
+    after: str,
+    *,
+    outage_poll_s: float = 1.0,
+) -> AsyncIterator[StoredEvent]:
+    """Every event of the conversation with id > ``after``, in order, once; ends after ``done``.
+
+    While the bus is unreachable, events are served from the database, polled every
+    ``outage_poll_s``. Ends quietly when the bus is closed (the worker is shutting down): the
+    client reconnects with its cursor.
+    """
+    last = after
+    last_key = parse_cursor(after)
+    attempt = 0
+    while True:
+        try:
+            continuous = await _bus_continues(bus, store, conversation_id, last_key)
+            if continuous is None:
+                # The database holds events the bus lost: serve a page of them, then look again.
+                served = False
+                for event in await store.read_after(conversation_id, last, PAGE):
+                    key = parse_cursor(event.id)
+                    if key <= last_key:
+                        continue
+                    served = True
+                    yield event
+                    last, last_key = event.id, key
+                    if event.is_done:
+                        return
+                if not served:  # deleted meanwhile: do not spin
+                    attempt += 1
+                    await asyncio.sleep(_backoff(attempt, outage_poll_s))
+                continue
+            seam_checked = continuous
+            follow = bus.follow(conversation_id, last)
+            try:
+                async for event in follow:
+                    key = parse_cursor(event.id)
+                    if key <= last_key:
+                        continue
+                    if not seam_checked:
+                        seam_checked = True
+                        if await _store_has_between(store, conversation_id, last, key):
+                            break  # the bus skipped events the database has: look again
+                    attempt = 0
+                    yield event
+                    last, last_key = event.id, key
+                    if event.is_done:
+                        return
+            finally:
+                # Leaving a follow early must unsubscribe now, not when the generator is collected.
+                aclose = getattr(follow, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except BusClosedError:
+            return
+        except BusUnavailableError as exc:
+            log.info(
+                "event bus unavailable; serving from the database",
+                extra={"conversation_id": conversation_id, "error": str(exc)},
+            )
+            served = False
+            for event in await store.read_after(conversation_id, last, PAGE):
+                key = parse_cursor(event.id)
+                if key <= last_key:
+                    continue
+                served = True
+                yield event
+                last, last_key = event.id, key
+                if event.is_done:
+                    return
+            if not served:
+                attempt += 1
+                await asyncio.sleep(_backoff(attempt, outage_poll_s))
+
+
+def _backoff(attempt: int, cap: float) -> float:
+    return min(cap, 0.05 * 2.0**attempt) * (0.5 + random.random() / 2)
+
+
+async def _bus_continues(
+    bus: EventBus, store: EventStoreReader, conversation_id: str, last_key: tuple[int, int]
+) -> bool | None:
+    """Whether the bus holds what comes right after ``last_key``.
+
+    True: it holds an event at or before ``last_key``, so nothing after it is missing (streams are
+    only ever cut from the front). False: the bus starts later but the database has nothing in
+    between that the bus lacks, as far as the database knows yet (the caller re-checks the seam on
+    the first live event). None: the database holds events after ``last_key`` the bus does not.
+    """
+    oldest = await bus.oldest_id(conversation_id)
+    if oldest is not None and parse_cursor(oldest) <= last_key:
+        return True
+    last = f"{last_key[0]}-{last_key[1]}"
+    stored = await store.read_after(conversation_id, last, 1)
+    if stored and (oldest is None or parse_cursor(stored[0].id) < parse_cursor(oldest)):
+        return None
+    return False
+
+
+async def _store_has_between(
+    store: EventStoreReader, conversation_id: str, last: str, key: tuple[int, int]
+) -> bool:
+    stored = await store.read_after(conversation_id, last, 1)
+    return bool(stored) and parse_cursor(stored[0].id) < key
