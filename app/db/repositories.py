@@ -442,7 +442,10 @@ class EventRepo:
         self._sessionmaker = sessionmaker
 
     async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        """Store ``events`` in one transaction; ids already stored are skipped, so a retry is harmless."""
+        """Store ``events`` in one transaction; ids already stored are skipped, so a retry is harmless.
+
+        Raises ``ConversationNotFoundError`` if the conversation is gone (deleted mid-run).
+        """
         if not events:
             return
         rows = []
@@ -459,9 +462,13 @@ class EventRepo:
                     "data": stored.data,
                 }
             )
-        async with self._sessionmaker.begin() as session:
-            insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-            await session.execute(insert(RunEvent).on_conflict_do_nothing(), rows)
+        try:
+            async with self._sessionmaker.begin() as session:
+                insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+                await session.execute(insert(RunEvent).on_conflict_do_nothing(), rows)
+        except IntegrityError:
+            # Conflicts are skipped, so only the foreign key can fail: the conversation is gone.
+            raise ConversationNotFoundError(conversation_id) from None
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""

@@ -1,0 +1,159 @@
+"""EventRepo against real SQLite and PostgreSQL: the durable copy of every conversation's events."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.db.errors import ConversationNotFoundError, InvalidCursorError
+from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo
+from app.db.session import Database
+from app.streaming.bus import ZERO_CURSOR, StoredEvent
+
+
+@pytest.fixture
+def events(database: Database) -> EventRepo:
+    return EventRepo(database.sessionmaker)
+
+
+@pytest.fixture
+async def conv(database: Database) -> ConversationRecord:
+    return await ConversationRepo(database.sessionmaker).create("alice", "events", {})
+
+
+def event(cursor: str, run_id: str = "run_a", kind: str = "step", data: str | None = None) -> StoredEvent:
+    return StoredEvent(
+        id=cursor, event=kind, data=data if data is not None else f'{{"at":"{cursor}"}}', run_id=run_id
+    )
+
+
+async def test_saved_events_read_back_in_cursor_order_with_data_byte_for_byte(
+    events: EventRepo, conv: ConversationRecord
+) -> None:
+    odd_json = '{"content": "naïve — 💡\\n",  "n":1.50, "run_id":"run_a"}'
+    batch = [
+        event("999-0"),
+        event("999-1", data=odd_json),
+        event("1000-0"),
+        event("1000-10"),
+        event("1000-2"),
+    ]
+
+    await events.save(conv.id, batch)
+
+    # Numeric order, not text order: "1000-0" follows "999-1" and "1000-2" precedes "1000-10".
+    expected = [batch[0], batch[1], batch[2], batch[4], batch[3]]
+    assert await events.read_after(conv.id, ZERO_CURSOR) == expected
+    assert (await events.read_after(conv.id, ZERO_CURSOR))[1].data == odd_json
+
+
+async def test_read_after_starts_strictly_after_the_cursor_and_honours_the_limit(
+    events: EventRepo, conv: ConversationRecord
+) -> None:
+    batch = [event(f"{ms}-{seq}") for ms in (5, 6, 7) for seq in (0, 1)]
+    await events.save(conv.id, batch)
+
+    assert await events.read_after(conv.id, "6-0") == batch[3:]
+    assert await events.read_after(conv.id, "6-0", limit=2) == batch[3:5]
+    assert await events.read_after(conv.id, "6-5") == batch[4:]
+    assert await events.read_after(conv.id, "7-1") == []
+
+
+async def test_save_is_idempotent_under_retries_and_overlapping_batches(
+    events: EventRepo, conv: ConversationRecord
+) -> None:
+    first = [event("1-0"), event("1-1"), event("2-0")]
+    await events.save(conv.id, first)
+
+    await events.save(conv.id, first)
+    await events.save(conv.id, [*first[1:], event("3-0")])
+
+    assert [e.id for e in await events.read_after(conv.id, ZERO_CURSOR)] == ["1-0", "1-1", "2-0", "3-0"]
+
+
+async def test_concurrent_retries_of_one_batch_store_it_once(
+    events: EventRepo, conv: ConversationRecord
+) -> None:
+    batch = [event(f"10-{seq}") for seq in range(20)]
+
+    await asyncio.gather(*(events.save(conv.id, batch) for _ in range(3)))
+
+    assert await events.read_after(conv.id, ZERO_CURSOR) == batch
+
+
+async def test_a_retry_keeps_the_first_stored_copy(events: EventRepo, conv: ConversationRecord) -> None:
+    await events.save(conv.id, [event("1-0", data='{"v":1}')])
+
+    await events.save(conv.id, [event("1-0", data='{"v":2}')])
+
+    assert [e.data for e in await events.read_after(conv.id, ZERO_CURSOR)] == ['{"v":1}']
+
+
+async def test_save_of_nothing_is_a_no_op(events: EventRepo, conv: ConversationRecord) -> None:
+    await events.save(conv.id, [])
+
+    assert await events.last_id(conv.id) is None
+
+
+async def test_a_large_batch_is_saved_in_one_call(events: EventRepo, conv: ConversationRecord) -> None:
+    batch = [event(f"{1700000000000 + i // 7}-{i % 7}") for i in range(2500)]
+
+    await events.save(conv.id, batch)
+
+    assert await events.read_after(conv.id, ZERO_CURSOR, limit=5000) == batch
+
+
+async def test_events_of_one_conversation_never_leak_into_another(
+    database: Database, events: EventRepo
+) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    a = await conversations.create("alice", "a", {})
+    b = await conversations.create("alice", "b", {})
+    # The same cursor in two conversations: cursors are per conversation.
+    await events.save(a.id, [event("1-0", run_id="run_a")])
+    await events.save(b.id, [event("1-0", run_id="run_b"), event("2-0", run_id="run_b")])
+
+    assert [e.run_id for e in await events.read_after(a.id, ZERO_CURSOR)] == ["run_a"]
+    assert await events.last_id(a.id) == "1-0"
+    assert await events.last_id(b.id) == "2-0"
+
+
+async def test_for_run_returns_that_runs_events_in_order(events: EventRepo, conv: ConversationRecord) -> None:
+    await events.save(conv.id, [event("1-0", "run_a"), event("1-1", "run_a", "done")])
+    await events.save(conv.id, [event("2-0", "run_b"), event("3-0", "run_b", "done")])
+
+    assert [e.id for e in await events.for_run("run_b")] == ["2-0", "3-0"]
+    assert [e.event for e in await events.for_run("run_a")] == ["step", "done"]
+    assert await events.for_run("run_missing") == []
+
+
+async def test_last_id_is_the_greatest_cursor_not_the_last_saved(
+    events: EventRepo, conv: ConversationRecord
+) -> None:
+    assert await events.last_id(conv.id) is None
+    await events.save(conv.id, [event("1000-0"), event("999-5")])
+
+    assert await events.last_id(conv.id) == "1000-0"
+
+
+async def test_events_of_a_missing_conversation_raise_conversation_not_found(events: EventRepo) -> None:
+    with pytest.raises(ConversationNotFoundError):
+        await events.save("conv_missing", [event("1-0")])
+
+
+@pytest.mark.parametrize("cursor", ["", "abc", "1-", "-1", "1-2-3", "1.5-0"])
+async def test_read_after_an_invalid_cursor_raises_invalid_cursor_error(
+    events: EventRepo, conv: ConversationRecord, cursor: str
+) -> None:
+    with pytest.raises(InvalidCursorError):
+        await events.read_after(conv.id, cursor)
+
+
+async def test_save_of_an_event_with_an_invalid_id_raises_invalid_cursor_error(
+    events: EventRepo, conv: ConversationRecord
+) -> None:
+    with pytest.raises(InvalidCursorError):
+        await events.save(conv.id, [event("1-0"), event("not-a-cursor")])
+
+    assert await events.last_id(conv.id) is None

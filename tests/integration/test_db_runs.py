@@ -1,0 +1,251 @@
+"""RunRepo against real SQLite and PostgreSQL: one running run per conversation, leases, finishing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.db.errors import ConversationNotFoundError, RunActiveError
+from app.db.repositories import ConversationRecord, ConversationRepo, RunRecord, RunRepo
+from app.db.session import Database
+
+
+@pytest.fixture
+def runs(database: Database) -> RunRepo:
+    return RunRepo(database.sessionmaker)
+
+
+@pytest.fixture
+async def conv(database: Database) -> ConversationRecord:
+    return await ConversationRepo(database.sessionmaker).create("alice", "runs", {})
+
+
+async def start(
+    runs: RunRepo, conv: ConversationRecord, *, worker_id: str = "w1", lease_s: float = 30
+) -> RunRecord:
+    return await runs.create(
+        conv.id, conv.owner, "hello", worker_id=worker_id, lease_s=lease_s, start_cursor="0-0"
+    )
+
+
+async def finish(runs: RunRepo, run_id: str, status: str = "completed", answer: str = "done") -> bool:
+    return await runs.finish(
+        run_id,
+        status=status,
+        answer=answer,
+        iterations=3,
+        usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "llm_calls": 2},
+        elapsed=1.25,
+        error=None,
+        pending_injections=["late note"],
+    )
+
+
+async def test_create_stores_a_running_run_leased_to_the_worker(
+    runs: RunRepo, conv: ConversationRecord
+) -> None:
+    before = datetime.now(UTC)
+
+    run = await runs.create(conv.id, "alice", "what is 2+2?", worker_id="w1", lease_s=30, start_cursor="17-3")
+
+    assert run.id.startswith("run_") and len(run.id) >= 24
+    assert (run.status, run.message, run.start_cursor, run.worker_id) == (
+        "running",
+        "what is 2+2?",
+        "17-3",
+        "w1",
+    )
+    assert (run.answer, run.elapsed, run.error, run.finished_at) == (None, None, None, None)
+    assert run.iterations == 0 and run.usage == {} and run.pending_injections == []
+    assert run.lease_expires_at is not None
+    assert before + timedelta(seconds=29) < run.lease_expires_at <= datetime.now(UTC) + timedelta(seconds=30)
+    assert await runs.get_any(run.id) == run
+
+
+async def test_get_of_another_owners_run_returns_none(runs: RunRepo, conv: ConversationRecord) -> None:
+    run = await start(runs, conv)
+
+    assert await runs.get("alice", run.id) == run
+    assert await runs.get("mallory", run.id) is None
+    assert await runs.get_any("run_missing") is None
+
+
+async def test_second_start_while_a_run_is_running_raises_run_active(
+    runs: RunRepo, conv: ConversationRecord
+) -> None:
+    first = await start(runs, conv)
+
+    with pytest.raises(RunActiveError) as caught:
+        await start(runs, conv)
+
+    assert caught.value.conversation_id == conv.id
+    assert await runs.active(conv.id) == first
+
+
+async def test_two_concurrent_starts_exactly_one_wins(runs: RunRepo, conv: ConversationRecord) -> None:
+    outcomes = await asyncio.gather(
+        start(runs, conv), start(runs, conv), start(runs, conv), return_exceptions=True
+    )
+
+    won = [o for o in outcomes if isinstance(o, RunRecord)]
+    lost = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(won) == 1
+    assert len(lost) == 2 and all(isinstance(o, RunActiveError) for o in lost)
+    assert await runs.active(conv.id) == won[0]
+
+
+async def test_runs_of_different_conversations_run_side_by_side(database: Database, runs: RunRepo) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    a = await conversations.create("alice", "a", {})
+    b = await conversations.create("alice", "b", {})
+
+    run_a, run_b = await asyncio.gather(start(runs, a), start(runs, b))
+
+    assert run_a.status == run_b.status == "running"
+
+
+async def test_start_for_a_missing_conversation_raises_conversation_not_found(runs: RunRepo) -> None:
+    with pytest.raises(ConversationNotFoundError):
+        await runs.create("conv_missing", "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
+
+
+async def test_a_new_run_can_start_once_the_previous_finished(
+    runs: RunRepo, conv: ConversationRecord
+) -> None:
+    first = await start(runs, conv)
+    assert await finish(runs, first.id)
+
+    second = await start(runs, conv)
+
+    assert await runs.active(conv.id) == second
+    assert await runs.latest(conv.id) == second
+
+
+async def test_finish_stores_the_outcome_and_only_the_first_finish_counts(
+    runs: RunRepo, conv: ConversationRecord
+) -> None:
+    run = await start(runs, conv)
+
+    assert await finish(runs, run.id, status="completed", answer="4") is True
+    assert await finish(runs, run.id, status="failed", answer="worker lost") is False
+
+    done = await runs.get_any(run.id)
+    assert done is not None
+    assert (done.status, done.answer, done.iterations, done.elapsed, done.error) == (
+        "completed",
+        "4",
+        3,
+        1.25,
+        None,
+    )
+    assert done.usage == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "llm_calls": 2}
+    assert done.pending_injections == ["late note"]
+    assert done.finished_at is not None and done.finished_at.tzinfo == UTC
+    assert done.lease_expires_at is None
+    assert await runs.active(conv.id) is None
+
+
+async def test_concurrent_finishes_exactly_one_wins(runs: RunRepo, conv: ConversationRecord) -> None:
+    run = await start(runs, conv)
+
+    results = await asyncio.gather(
+        finish(runs, run.id, status="cancelled", answer="a"),
+        finish(runs, run.id, status="failed", answer="b"),
+    )
+
+    assert sorted(results) == [False, True]
+
+
+async def test_finish_of_an_unknown_run_returns_false(runs: RunRepo) -> None:
+    assert await finish(runs, "run_missing") is False
+
+
+async def test_finish_with_a_non_final_status_is_refused(runs: RunRepo, conv: ConversationRecord) -> None:
+    run = await start(runs, conv)
+
+    with pytest.raises(ValueError, match="running"):
+        await finish(runs, run.id, status="running")
+
+    assert (await runs.active(conv.id)) == run
+
+
+async def test_latest_is_the_most_recent_run_and_none_without_runs(
+    runs: RunRepo, conv: ConversationRecord
+) -> None:
+    assert await runs.latest(conv.id) is None
+    assert await runs.active(conv.id) is None
+    first = await start(runs, conv)
+    await finish(runs, first.id)
+    second = await start(runs, conv)
+    await finish(runs, second.id, status="cancelled")
+
+    latest = await runs.latest(conv.id)
+
+    assert latest is not None and latest.id == second.id and latest.status == "cancelled"
+
+
+async def test_expired_lists_running_runs_whose_lease_ran_out(database: Database, runs: RunRepo) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    short = await start(runs, await conversations.create("alice", "short", {}), lease_s=10)
+    long = await start(runs, await conversations.create("alice", "long", {}), lease_s=100)
+    finished = await start(runs, await conversations.create("alice", "finished", {}), lease_s=10)
+    await finish(runs, finished.id)
+    now = datetime.now(UTC)
+
+    assert await runs.expired(now) == []
+    assert [r.id for r in await runs.expired(now + timedelta(seconds=50))] == [short.id]
+    assert [r.id for r in await runs.expired(now + timedelta(seconds=500))] == [short.id, long.id]
+    assert await runs.expired() == []
+
+
+async def test_renew_leases_extends_only_the_workers_running_runs(database: Database, runs: RunRepo) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    mine = await start(runs, await conversations.create("alice", "mine", {}), worker_id="w1", lease_s=5)
+    theirs = await start(runs, await conversations.create("alice", "theirs", {}), worker_id="w2", lease_s=5)
+
+    await runs.renew_leases([mine.id, theirs.id], "w1", lease_s=300)
+
+    renewed, untouched = await runs.get_any(mine.id), await runs.get_any(theirs.id)
+    assert renewed is not None and untouched is not None
+    assert renewed.lease_expires_at is not None and mine.lease_expires_at is not None
+    assert renewed.lease_expires_at >= mine.lease_expires_at + timedelta(seconds=290)
+    assert untouched.lease_expires_at == theirs.lease_expires_at
+    assert [r.id for r in await runs.expired(datetime.now(UTC) + timedelta(seconds=60))] == [theirs.id]
+
+
+async def test_renew_leases_does_not_revive_a_finished_run(runs: RunRepo, conv: ConversationRecord) -> None:
+    run = await start(runs, conv)
+    await finish(runs, run.id)
+
+    await runs.renew_leases([run.id], "w1", lease_s=300)
+
+    done = await runs.get_any(run.id)
+    assert done is not None and done.status == "completed" and done.lease_expires_at is None
+
+
+async def test_running_of_worker_lists_only_that_workers_running_runs(
+    database: Database, runs: RunRepo
+) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    a = await start(runs, await conversations.create("alice", "a", {}), worker_id="w1")
+    b = await start(runs, await conversations.create("alice", "b", {}), worker_id="w1")
+    await start(runs, await conversations.create("alice", "c", {}), worker_id="w2")
+    await finish(runs, b.id)
+
+    assert [r.id for r in await runs.running_of_worker("w1")] == [a.id]
+    assert await runs.running_of_worker("w3") == []
+
+
+async def test_counts_by_status_counts_every_status_including_zeros(
+    database: Database, runs: RunRepo
+) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    assert await runs.counts_by_status() == {"running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    for status in ("completed", "completed", "failed", None):
+        run = await start(runs, await conversations.create("alice", "c", {}))
+        if status is not None:
+            await finish(runs, run.id, status=status)
+
+    assert await runs.counts_by_status() == {"running": 1, "completed": 2, "failed": 1, "cancelled": 0}

@@ -1,0 +1,79 @@
+"""Database (engine and connection setup) against real SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+
+from app.db.session import Database
+from tests.integration.conftest import PostgresServer, run_in_own_loop
+
+
+async def test_ping_is_true_on_a_reachable_database(database: Database) -> None:
+    assert await database.ping() is True
+
+
+async def test_ping_is_false_when_the_server_is_unreachable() -> None:
+    # Port 1 on loopback: nothing listens there, so the connection is refused at once.
+    db = Database("postgresql+asyncpg://postgres@127.0.0.1:1/nowhere")
+    try:
+        assert await db.ping(timeout_s=5) is False
+    finally:
+        await db.dispose()
+
+
+async def test_sqlite_connections_use_wal_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dirs" / "agentstream.db"
+    db = Database(f"sqlite+aiosqlite:///{path}")
+    try:
+        async with db.engine.connect() as conn:
+            journal = await conn.scalar(text("PRAGMA journal_mode"))
+            busy = await conn.scalar(text("PRAGMA busy_timeout"))
+            foreign_keys = await conn.scalar(text("PRAGMA foreign_keys"))
+    finally:
+        await db.dispose()
+
+    assert (journal, busy, foreign_keys) == ("wal", 5000, 1)
+    assert path.exists()
+
+
+async def test_a_plain_sqlite_url_gets_the_async_driver(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'plain.db'}")
+    try:
+        assert db.engine.dialect.driver == "aiosqlite"
+        assert await db.ping() is True
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_pool_survives_the_server_closing_its_connections(
+    postgres_server: PostgresServer, postgres_migrated_database: str
+) -> None:
+    # The session's own database: terminating its sessions disturbs no one else.
+    database_name = postgres_migrated_database
+    db = Database(postgres_server.async_url(database_name))
+    try:
+        assert await db.ping()
+
+        async def terminate_every_session() -> int:
+            conn = await asyncpg.connect(postgres_server.dsn(database_name))
+            try:
+                return int(
+                    await conn.fetchval(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+            finally:
+                await conn.close()
+
+        assert run_in_own_loop(terminate_every_session) >= 1
+
+        async with db.sessionmaker() as session:
+            assert await session.scalar(text("SELECT 1")) == 1
+    finally:
+        await db.dispose()
