@@ -126,7 +126,9 @@ def make_agent(
     hooks: HookRegistry | None = None,
     **config: Any,
 ) -> ReActAgent:
-    return ReActAgent(llm, tools if tools is not None else registry(echo_tool()), AgentConfig(**config), hooks)
+    return ReActAgent(
+        llm, tools if tools is not None else registry(echo_tool()), AgentConfig(**config), hooks
+    )
 
 
 def answer(*deltas: str) -> StreamScript:

@@ -41,7 +41,9 @@ async def test_unknown_tool_and_tool_exception_become_error_observations_and_the
     assert result.status == "completed" and result.answer == "Recovered."
 
 
-async def test_artifact_reaches_the_llm_as_a_marker_and_the_event_carries_the_file(scripted_llm: MakeLLM) -> None:
+async def test_artifact_reaches_the_llm_as_a_marker_and_the_event_carries_the_file(
+    scripted_llm: MakeLLM,
+) -> None:
     body = "<html><body>" + "<p>row</p>" * 500 + "</body></html>"
 
     async def report(**_: object) -> ToolOutput:
@@ -65,7 +67,9 @@ async def test_artifact_reaches_the_llm_as_a_marker_and_the_event_carries_the_fi
 
 async def test_artifact_summary_text_is_kept_next_to_the_marker(scripted_llm: MakeLLM) -> None:
     async def chart(**_: object) -> ToolOutput:
-        return ToolOutput(content="Chart of 12 months.", artifact=Artifact("chart.md", "text/markdown", "# big"))
+        return ToolOutput(
+            content="Chart of 12 months.", artifact=Artifact("chart.md", "text/markdown", "# big")
+        )
 
     llm = scripted_llm([native_tools(("chart", {})), text("ok"), answer()], abilities=NATIVE)
 
@@ -80,7 +84,8 @@ async def test_artifact_summary_text_is_kept_next_to_the_marker(scripted_llm: Ma
 
 async def test_llm_unavailable_ends_run_with_failed_done(scripted_llm: MakeLLM) -> None:
     llm = scripted_llm(
-        [native_tools(("echo", {})), LLMUnavailableError("HTTP 503 after 4 attempts", attempts=4)], abilities=NATIVE
+        [native_tools(("echo", {})), LLMUnavailableError("HTTP 503 after 4 attempts", attempts=4)],
+        abilities=NATIVE,
     )
     log = EventLog()
 
@@ -175,8 +180,9 @@ async def test_usage_sums_selection_loop_checklist_and_synthesis(scripted_llm: M
 
 
 async def test_failed_synthesis_call_still_counts_as_an_llm_call(scripted_llm: MakeLLM) -> None:
-    llm = scripted_llm([text("done"), StreamScript([], error=LLMUnavailableError("down", attempts=3))],
-                       abilities=NATIVE)
+    llm = scripted_llm(
+        [text("done"), StreamScript([], error=LLMUnavailableError("down", attempts=3))], abilities=NATIVE
+    )
     log = EventLog()
 
     await make_agent(llm).run("q", sink=log)

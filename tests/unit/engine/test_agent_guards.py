@@ -47,7 +47,13 @@ async def test_reflection_injected_after_every_interval_of_real_tool_calls(scrip
 
 async def test_reflection_not_counted_for_parse_retries(scripted_llm: MakeLLM) -> None:
     llm = scripted_llm(
-        [json_tool("echo", {"i": 1}), text("garbage"), json_tool("echo", {"i": 2}), json_final("ok"), answer()],
+        [
+            json_tool("echo", {"i": 1}),
+            text("garbage"),
+            json_tool("echo", {"i": 2}),
+            json_final("ok"),
+            answer(),
+        ],
         abilities=JSON_ONLY,
     )
 
@@ -174,8 +180,10 @@ async def test_model_may_go_back_to_tools_after_the_checklist(scripted_llm: Make
 
 
 async def test_checklist_needs_the_minimum_number_of_tools(scripted_llm: MakeLLM) -> None:
-    llm = scripted_llm([json_tool("echo", {"i": 1}), json_tool("echo", {"i": 2}), json_final("ok"), answer()],
-                       abilities=JSON_ONLY)
+    llm = scripted_llm(
+        [json_tool("echo", {"i": 1}), json_tool("echo", {"i": 2}), json_final("ok"), answer()],
+        abilities=JSON_ONLY,
+    )
 
     result = await make_agent(llm, completion_check_min_tools=3).run("q", sink=EventLog())
 

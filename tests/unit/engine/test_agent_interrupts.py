@@ -32,7 +32,11 @@ def pushing(queue: PushQueue, reply: Any, *contents: str) -> Any:
 async def test_interrupt_suppresses_pending_final_answer(scripted_llm: MakeLLM) -> None:
     queue = PushQueue()
     llm = scripted_llm(
-        [pushing(queue, json_final("Berlin"), "actually, I meant Paris"), json_final("Paris"), answer("Paris.")],
+        [
+            pushing(queue, json_final("Berlin"), "actually, I meant Paris"),
+            json_final("Paris"),
+            answer("Paris."),
+        ],
         abilities=JSON_ONLY,
     )
     log = EventLog()

@@ -13,7 +13,6 @@ from tests.unit.engine.agent_support import (
     MakeLLM,
     add_tool,
     answer,
-    echo_tool,
     make_agent,
     registry,
     roles,
@@ -86,7 +85,9 @@ async def test_json_parse_retry_can_exhaust_max_iterations(scripted_llm: MakeLLM
     assert "I could not finish within 1 steps" in user_texts(llm.calls[1].messages)[-1]
 
 
-async def test_second_consecutive_parse_failure_makes_the_raw_content_the_answer(scripted_llm: MakeLLM) -> None:
+async def test_second_consecutive_parse_failure_makes_the_raw_content_the_answer(
+    scripted_llm: MakeLLM,
+) -> None:
     llm = scripted_llm(
         [text("first mess"), text("Paris, obviously."), StreamScript([], error=RuntimeError("down"))],
         abilities=JSON_ONLY,
@@ -98,7 +99,9 @@ async def test_second_consecutive_parse_failure_makes_the_raw_content_the_answer
     assert result.answer == "Paris, obviously."
 
 
-async def test_parse_failures_separated_by_a_good_reply_each_get_a_reformat_retry(scripted_llm: MakeLLM) -> None:
+async def test_parse_failures_separated_by_a_good_reply_each_get_a_reformat_retry(
+    scripted_llm: MakeLLM,
+) -> None:
     llm = scripted_llm(
         [text("mess 1"), json_tool("echo", {}), text("mess 2"), json_final("ok"), answer()],
         abilities=JSON_ONLY,
@@ -113,10 +116,14 @@ async def test_parse_failures_separated_by_a_good_reply_each_get_a_reformat_retr
 async def test_reasoning_content_fills_empty_json_reasoning(scripted_llm: MakeLLM) -> None:
     llm = scripted_llm(
         [
-            text(json.dumps({"type": "tool_call", "tool_name": "echo", "tool_args": {}, "reasoning": ""}),
-                 reasoning_content="I should echo first."),
-            text(json.dumps({"type": "final_answer", "answer": "ok", "reasoning": "own reasoning"}),
-                 reasoning_content="ignored"),
+            text(
+                json.dumps({"type": "tool_call", "tool_name": "echo", "tool_args": {}, "reasoning": ""}),
+                reasoning_content="I should echo first.",
+            ),
+            text(
+                json.dumps({"type": "final_answer", "answer": "ok", "reasoning": "own reasoning"}),
+                reasoning_content="ignored",
+            ),
             answer(),
         ],
         abilities=JSON_ONLY,
@@ -138,7 +145,9 @@ async def test_json_action_embedded_in_prose_is_still_understood(scripted_llm: M
     assert log.of(IterationStarted)[0].tool_args == {"k": "v"}
 
 
-async def test_json_tool_args_that_are_not_an_object_become_an_error_observation(scripted_llm: MakeLLM) -> None:
+async def test_json_tool_args_that_are_not_an_object_become_an_error_observation(
+    scripted_llm: MakeLLM,
+) -> None:
     reply = json.dumps({"type": "tool_call", "tool_name": "echo", "tool_args": "[1, 2]"})
     llm = scripted_llm([text(reply), json_final("done"), answer()], abilities=JSON_ONLY)
     log = EventLog()

@@ -39,7 +39,9 @@ from tests.unit.engine.agent_support import (
 )
 
 
-async def test_loop_calls_are_non_streaming_and_synthesis_is_one_streaming_call(scripted_llm: MakeLLM) -> None:
+async def test_loop_calls_are_non_streaming_and_synthesis_is_one_streaming_call(
+    scripted_llm: MakeLLM,
+) -> None:
     llm = scripted_llm(
         [native_tools(("add", {"a": 2, "b": 3})), text("5"), StreamScript(["The sum ", "is **5**."])],
         abilities=NATIVE,
@@ -63,7 +65,9 @@ async def test_synthesis_trace_truncates_each_tool_result(scripted_llm: MakeLLM)
 
     llm = scripted_llm([native_tools(("big", {})), text("done"), answer()], abilities=NATIVE)
 
-    await make_agent(llm, registry(make_tool("big", big)), synthesis_result_chars=2000).run("q", sink=EventLog())
+    await make_agent(llm, registry(make_tool("big", big)), synthesis_result_chars=2000).run(
+        "q", sink=EventLog()
+    )
 
     synthesis_user = user_texts(llm.calls[2].messages)[-1]
     assert "x" * 2000 in synthesis_user
@@ -140,7 +144,11 @@ async def test_max_iterations_yields_fallback_summary_and_synthesis_still_runs(s
 
 async def test_max_iterations_fallback_is_the_answer_when_synthesis_fails(scripted_llm: MakeLLM) -> None:
     llm = scripted_llm(
-        [native_tools(("echo", {"n": 1})), native_tools(("boom", {})), StreamScript([], error=RuntimeError("down"))],
+        [
+            native_tools(("echo", {"n": 1})),
+            native_tools(("boom", {})),
+            StreamScript([], error=RuntimeError("down")),
+        ],
         abilities=NATIVE,
     )
     log = EventLog()
@@ -210,7 +218,9 @@ async def test_iteration_done_observation_is_capped_but_the_llm_sees_all_of_it(s
     assert tool_message.content == "y" * 20_000
 
 
-async def test_context_guard_compacts_before_a_loop_call_and_emits_compact_event(scripted_llm: MakeLLM) -> None:
+async def test_context_guard_compacts_before_a_loop_call_and_emits_compact_event(
+    scripted_llm: MakeLLM,
+) -> None:
     async def big(**_: object) -> str:
         return "z" * 8000
 
@@ -231,15 +241,16 @@ async def test_context_guard_compacts_before_a_loop_call_and_emits_compact_event
     compacted = log.of(Compacted)
     assert len(compacted) == 1
     index = log.events.index(compacted[0])
-    assert isinstance(log.events[index + 1], ThinkingStarted)
-    assert log.events[index + 1].iteration == 3
+    assert log.events[index + 1] == ThinkingStarted(3)
     loop_call = llm.calls[3].messages
     assert len(loop_call) == compacted[0].kept_messages
     assert any("summary of earlier work" in (m.content or "") for m in loop_call)
     assert loop_call[1].content == "q"  # the pinned question survived
 
 
-async def test_history_precedes_the_question_and_result_messages_are_the_new_ones(scripted_llm: MakeLLM) -> None:
+async def test_history_precedes_the_question_and_result_messages_are_the_new_ones(
+    scripted_llm: MakeLLM,
+) -> None:
     history = [ChatMessage(role="user", content="earlier"), ChatMessage(role="assistant", content="reply")]
     llm = scripted_llm([native_tools(("echo", {})), text("draft"), answer("Final.")], abilities=NATIVE)
 

@@ -6,6 +6,7 @@ import asyncio
 
 from app.engine.events import IterationDone, IterationStarted
 from app.llm.base import ChatResult, TokenUsage, ToolCall
+from app.tools.registry import ToolFunc
 from tests.support.scripted import native_tools, text
 from tests.unit.engine.agent_support import (
     NATIVE,
@@ -39,7 +40,7 @@ async def test_native_parallel_tool_results_follow_their_assistant_message_befor
     queue = PushQueue()
     arrived = {"left": asyncio.Event(), "right": asyncio.Event()}
 
-    def meeting(me: str, other: str) -> object:
+    def meeting(me: str, other: str) -> ToolFunc:
         async def run(**_: object) -> str:
             # Each call waits for the other: only a parallel execution can finish.
             arrived[me].set()
@@ -51,8 +52,8 @@ async def test_native_parallel_tool_results_follow_their_assistant_message_befor
         return run
 
     tools = registry(
-        make_tool("left", meeting("left", "right"), timeout_s=2),  # type: ignore[arg-type]
-        make_tool("right", meeting("right", "left"), timeout_s=2),  # type: ignore[arg-type]
+        make_tool("left", meeting("left", "right"), timeout_s=2),
+        make_tool("right", meeting("right", "left"), timeout_s=2),
     )
     llm = scripted_llm([native_tools(("left", {}), ("right", {})), text("ok"), answer()], abilities=NATIVE)
     log = EventLog()
@@ -68,7 +69,9 @@ async def test_native_parallel_tool_results_follow_their_assistant_message_befor
     assert interrupt.content == "[USER INTERRUPT] stop, use metric units" and interrupt.pinned
 
 
-async def test_native_tool_messages_keep_call_order_when_later_calls_finish_first(scripted_llm: MakeLLM) -> None:
+async def test_native_tool_messages_keep_call_order_when_later_calls_finish_first(
+    scripted_llm: MakeLLM,
+) -> None:
     slow_may_finish = asyncio.Event()
 
     async def slow(**_: object) -> str:
