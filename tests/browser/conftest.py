@@ -1,0 +1,90 @@
+"""Fixtures for the browser tests: Debian's Chromium driven by Playwright against a real uvicorn process.
+
+The service runs as ``python -m uvicorn app.main:create_app --factory`` with a temporary SQLite file
+and the built-in demo model; Chromium is the system one (no browser download ever happens).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+
+from tests.browser.chat_page import ChatPage
+from tests.support.server import ServerProcess
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DEMO_DELAY_S = "0.15"
+"""Slow enough that a follow-up, a cancel or a reload lands while the run is still working."""
+
+
+def service_env(tmp: Path, **extra: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'agentstream.db'}",
+        "LLM_BASE_URL": "",
+        "REDIS_URL": "",
+        "API_KEYS": "",
+        "DEMO_DELAY_S": DEMO_DELAY_S,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="session")
+def playwright_driver() -> Iterator[Playwright]:
+    if not Path(CHROMIUM).exists():
+        message = f"no Chromium at {CHROMIUM} (apt-get install chromium, or set CHROMIUM_PATH)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="session")
+def browser(playwright_driver: Playwright) -> Iterator[Browser]:
+    browser = playwright_driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("browser-service")
+    server = ServerProcess(service_env(tmp)).start(tmp / "service.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(20_000)
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Iterator[Page]:
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def chat(page: Page, service: ServerProcess) -> ChatPage:
+    return ChatPage(page, service.base_url)
