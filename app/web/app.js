@@ -210,6 +210,8 @@ function renderList() {
       return el("li", {}, button);
     }),
   );
+  const shown = state.conversations.find((c) => c.id === currentId);
+  if (shown) dom.title.textContent = conversationTitle(shown);
   dom.listEmpty.hidden = state.conversations.length > 0;
   dom.loadMore.hidden = !state.nextCursor;
 }

@@ -40,6 +40,7 @@ def test_run_shows_tool_cards_streamed_answer_and_done_footer(chat: ChatPage) ->
 
     chat.tool_cards().first.locator("summary").click()
     expect(chat.tool_cards().first.get_by_test_id("tool-observation")).to_be_visible()
+    chat.page.get_by_test_id("messages").evaluate("(box) => { box.scrollTop = box.scrollHeight; }")
     chat.page.screenshot(path=str(ROOT / "docs" / "screenshot.png"))
 
 
