@@ -156,7 +156,7 @@ class ReActAgent:
         started: float,
     ) -> AgentResult:
         cfg = self._config
-        registry = await self._select_tools(question, sink, usage)
+        registry = await self._select_tools(question, sink, usage, run_id)
         strategy: LoopStrategy = (
             NativeStrategy(registry) if self.native_mode_active else JsonStrategy(registry)
         )
@@ -227,7 +227,7 @@ class ReActAgent:
             error=synthesis.error,
         )
 
-    async def _select_tools(self, question: str, sink: EventSink, usage: Usage) -> ToolRegistry:
+    async def _select_tools(self, question: str, sink: EventSink, usage: Usage, run_id: str) -> ToolRegistry:
         """E-12/E-13: narrow a large registry before the loop; any failure keeps every tool."""
         if len(self._tools) <= self._config.tool_selection_threshold:
             return self._tools
@@ -239,7 +239,7 @@ class ReActAgent:
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("tool selection failed; using every tool")
+            logger.exception("tool selection failed run_id=%s; using every tool", run_id)
             return self._tools
 
     async def _finish(

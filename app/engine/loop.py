@@ -227,8 +227,10 @@ class ToolLoop:
             # A final answer, or a second unparseable reply in a row whose raw text is the answer.
             accept_raw = parsed.kind == "unparsed"
             last_unparsed = accept_raw
-            if injected:
-                continue  # E-25: the user said more; the pending answer is superseded.
+            if injected and iteration < limit:
+                # E-25: the user said more; the pending answer is superseded. With no iteration
+                # left, the answer stands and synthesis still sees the follow-ups.
+                continue
             if not accept_raw and iteration < limit and checklist.should_fire(self.tools_used):
                 checklist_text = prompts.completion_checklist(json_mode=self.strategy.json_mode)
                 self._append(ChatMessage(role="user", content=checklist_text), keep=False)

@@ -178,3 +178,21 @@ async def test_interrupt_after_checklist_is_handled_before_finishing(scripted_ll
     # tools x3, draft (checklist injected), "checked" suppressed by the interrupt, final
     assert result.iterations == 6
     assert (llm.calls[5].messages[-1].content or "") == "[USER INTERRUPT] wait"
+
+
+async def test_interrupt_on_the_last_iteration_keeps_the_answer_and_reaches_synthesis(
+    scripted_llm: MakeLLM,
+) -> None:
+    queue = PushQueue()
+    llm = scripted_llm(
+        [pushing(queue, json_final("42"), "in words please"), answer("Forty-two.")], abilities=JSON_ONLY
+    )
+    log = EventLog()
+
+    result = await make_agent(llm, max_iterations=1).run("q", sink=log, interrupts=queue)
+
+    synthesis_prompt = llm.calls[1].messages[-1].content or ""
+    assert "## Draft answer\n42" in synthesis_prompt
+    assert "- in words please" in synthesis_prompt
+    assert [e.content for e in log.of(Injected)] == ["in words please"]
+    assert result.answer == "Forty-two." and result.pending_injections == []
