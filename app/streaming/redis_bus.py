@@ -133,7 +133,8 @@ class RedisEventBus:
     ``maxlen`` caps a stream approximately (older entries are then served from the database);
     ``follower_buffer`` bounds, in events, what one follower may have pending before it is sent
     back to catch up by id; ``reconnect_s`` is how long ``follow()`` retries an unreachable Redis
-    before it raises ``BusUnavailableError``.
+    before it raises ``BusUnavailableError``; ``client_name`` names its connections in
+    ``CLIENT LIST``.
     """
 
     def __init__(
@@ -146,6 +147,7 @@ class RedisEventBus:
         follower_buffer: int = 4096,
         reconnect_s: float = 10.0,
         socket_timeout_s: float = 5.0,
+        client_name: str | None = "agentstream-bus",
     ) -> None:
         self.prefix = prefix
         self.maxlen = maxlen
@@ -159,6 +161,7 @@ class RedisEventBus:
             "protocol": 2,
             "retry": Retry(NoBackoff(), 0),
             "socket_connect_timeout": socket_timeout_s,
+            "client_name": client_name,
         }
         self.redis: Redis = Redis.from_url(url, socket_timeout=socket_timeout_s, **common)
         # Blocking reads hold their connection for up to block_ms: they get a pool of their own so

@@ -1,0 +1,247 @@
+"""RunPublisher: one encoding per event, increasing ids, delta coalescing, batching, retries, close."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import orjson
+import pytest
+
+from app.engine.events import AnswerDelta, AnswerStarted, IterationDone, RunDone, ThinkingStarted
+from app.streaming.bus import StoredEvent, parse_cursor
+from app.streaming.publisher import EventPersistError, PublisherClosedError, RunPublisher
+from tests.unit.streaming.doubles import MemoryStore, ScriptedBus, wait_until
+
+CONV = "conv_1"
+RUN = "run_1"
+
+
+def run_done(answer: str = "ok") -> RunDone:
+    return RunDone(answer=answer, iterations=1, usage={"total_tokens": 3}, elapsed=0.5, status="completed")
+
+
+def publisher(bus: ScriptedBus, store: MemoryStore, **kw: object) -> RunPublisher:
+    kw.setdefault("last_id", None)
+    return RunPublisher(bus, store, CONV, RUN, **kw)  # type: ignore[arg-type]
+
+
+def ids_increase(events: list[StoredEvent]) -> bool:
+    keys = [parse_cursor(e.id) for e in events]
+    return all(a < b for a, b in itertools.pairwise(keys))
+
+
+async def test_event_data_is_the_engine_payload_plus_run_id_encoded_once() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store)
+    event = IterationDone(
+        iteration=1, tool_name="calc", observation="line1\nline2", error=None, iter_elapsed=0.1
+    )
+    returned = await pub.publish(event)
+    await pub.publish(run_done())
+    await pub.close()
+
+    on_bus = await bus.read_after(CONV, "0-0")
+    assert returned is not None and on_bus[0] == returned
+    assert orjson.loads(on_bus[0].data) == {**event.data(), "run_id": RUN}
+    assert on_bus[0].event == "step" and on_bus[0].run_id == RUN
+    assert on_bus[1].event == "done" and orjson.loads(on_bus[1].data)["run_id"] == RUN
+    assert store.all(CONV) == on_bus  # the same id and the same bytes in both places
+
+
+async def test_deltas_published_while_a_send_is_in_flight_merge_into_one_exact_delta() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store)
+    await pub.publish(AnswerStarted())
+    await wait_until(bus.in_append.is_set)  # the first send is now in flight, held at the gate
+    tokens = ["Hel", "lo", ", ", "wörld", "\n", '"quoted"', "\r\n", "\x00", " 😀", ""]
+    for token in tokens:
+        assert await pub.publish(AnswerDelta(token)) is None
+    bus.gate.set()
+    await pub.publish(run_done("".join(tokens)))
+    await pub.close()
+
+    events = await bus.read_after(CONV, "0-0")
+    assert [e.event for e in events] == ["answer", "answer", "done"]
+    delta = orjson.loads(events[1].data)
+    assert delta == {"status": "delta", "content": "".join(tokens), "run_id": RUN}
+    assert len(bus.appends) == 2  # start alone, then the merged delta together with done
+    assert ids_increase(events)
+
+
+async def test_a_non_delta_event_ends_a_merge_so_order_is_kept() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store)
+    await pub.publish(AnswerStarted())
+    await wait_until(bus.in_append.is_set)
+    await pub.publish(AnswerDelta("a"))
+    await pub.publish(AnswerDelta("b"))
+    await pub.publish(ThinkingStarted(iteration=2))
+    await pub.publish(AnswerDelta("c"))
+    bus.gate.set()
+    await pub.publish(run_done())
+    await pub.close()
+
+    events = await bus.read_after(CONV, "0-0")
+    contents = [orjson.loads(e.data).get("content") for e in events]
+    assert contents == [None, "ab", None, "c", None]
+
+
+async def test_ids_keep_increasing_when_the_clock_stands_still_or_goes_back() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    times = iter([5000, 5000, 5000, 4000, 10, 5001, 5001, 3000, 6000, 6000])
+    pub = publisher(bus, store, last_id="5000-7", clock_ms=lambda: next(times))
+    for i in range(9):
+        await pub.publish(ThinkingStarted(iteration=i))
+    await pub.publish(run_done())
+    await pub.close()
+
+    events = await bus.read_after(CONV, "0-0")
+    assert len(events) == 10
+    assert parse_cursor(events[0].id) > (5000, 7)
+    assert ids_increase(events)
+    assert [e.id for e in events][:4] == ["5000-8", "5000-9", "5000-10", "5000-11"]
+
+
+async def test_a_quiet_bus_gets_each_event_as_it_comes() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, coalesce_ms=0)
+    for i in range(3):
+        await pub.publish(ThinkingStarted(iteration=i))
+        await wait_until(lambda i=i: len(bus.appends) == i + 1)
+    await pub.close()
+    assert [len(batch) for batch in bus.appends] == [1, 1, 1]
+
+
+async def test_events_published_during_a_send_go_out_together_in_the_next_batch() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store)
+    await pub.publish(ThinkingStarted(iteration=0))
+    await wait_until(bus.in_append.is_set)
+    for i in range(1, 51):
+        await pub.publish(ThinkingStarted(iteration=i))
+    bus.gate.set()
+    await pub.flush()
+    assert [len(batch) for batch in bus.appends] == [1, 50]
+    await pub.close()
+
+
+async def test_store_outage_is_buffered_and_retried_without_storing_twice() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    store.fail_saves = 4
+    pub = publisher(bus, store, store_interval_ms=0)
+    for i in range(20):
+        await pub.publish(ThinkingStarted(iteration=i))
+        await asyncio.sleep(0)
+    await pub.publish(run_done())
+    await pub.close()
+
+    on_bus = await bus.read_after(CONV, "0-0")
+    assert store.failed_saves == 4
+    assert store.all(CONV) == on_bus and len(on_bus) == 21
+    every_saved = [i for batch in store.saved_batches for i in batch]
+    assert sorted(every_saved) == sorted(e.id for e in on_bus)  # none stored twice, none missing
+
+
+async def test_the_bus_gets_events_while_the_store_is_down() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    store.fail_saves = 10**9
+    pub = publisher(bus, store, store_retry_s=60)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await wait_until(lambda: len(bus.appends) == 1)
+    await wait_until(lambda: store.failed_saves >= 2)
+    assert store.all(CONV) == []
+    store.fail_saves = 0
+    await pub.publish(run_done())
+    await pub.close()
+    assert [e.event for e in store.all(CONV)] == ["step", "done"]
+
+
+async def test_close_raises_when_the_store_stays_down_past_its_retry_budget() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    store.fail_saves = 10**9
+    pub = publisher(bus, store, store_retry_s=0.05)
+    await pub.publish(run_done())
+    with pytest.raises(EventPersistError):
+        await pub.close()
+    assert (await bus.last_id(CONV)) is not None  # the bus still got the done event
+
+
+async def test_bus_outage_is_retried_in_order_and_a_half_applied_batch_is_not_duplicated() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store)
+    await pub.publish(ThinkingStarted(iteration=0))
+    await wait_until(bus.in_append.is_set)
+    for i in range(1, 11):
+        await pub.publish(ThinkingStarted(iteration=i))
+    bus.fail_appends = 3
+    bus.partial_failure = True
+    bus.gate.set()
+    await pub.publish(run_done())
+    await pub.close()
+
+    on_bus = await bus.read_after(CONV, "0-0")
+    iterations = [orjson.loads(e.data).get("iteration") for e in on_bus]
+    assert iterations == [*range(11), None]
+    assert ids_increase(on_bus)
+    assert store.all(CONV) == on_bus
+
+
+async def test_a_bus_down_past_its_retry_budget_is_given_up_and_the_store_keeps_everything() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.fail_appends = 10**9
+    pub = publisher(bus, store, bus_retry_s=0.05)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await pub.publish(run_done())
+    await pub.close()
+    assert [e.event for e in store.all(CONV)] == ["step", "done"]
+    assert await bus.last_id(CONV) is None
+    assert bus.expired == []
+
+
+async def test_done_is_on_the_bus_and_in_the_store_when_close_returns() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, retention_s=42, store_interval_ms=10_000)
+    await pub.publish(AnswerDelta("partial"))
+    await pub.publish(run_done("partial"))
+    await pub.close()
+    assert (await bus.read_after(CONV, "0-0"))[-1].event == "done"
+    assert store.all(CONV)[-1].event == "done"
+    assert bus.expired == [(CONV, 42)]
+
+
+async def test_flush_waits_for_bus_and_store_without_ending_the_run() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, store_interval_ms=10_000)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await pub.flush()
+    assert len(store.all(CONV)) == 1 and len(await bus.read_after(CONV, "0-0")) == 1
+    await pub.publish(ThinkingStarted(iteration=2))
+    await pub.close()
+    assert len(store.all(CONV)) == 2
+    assert bus.expired == []  # no done, no retention clock
+
+
+async def test_publish_after_close_is_refused() -> None:
+    pub = publisher(ScriptedBus(), MemoryStore())
+    await pub.publish(run_done())
+    await pub.close()
+    with pytest.raises(PublisherClosedError):
+        await pub.publish(ThinkingStarted(iteration=1))
+
+
+async def test_on_published_sees_every_event_once() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    seen: list[StoredEvent] = []
+    pub = publisher(bus, store, on_published=seen.extend)
+    for i in range(30):
+        await pub.publish(ThinkingStarted(iteration=i))
+        if i % 7 == 0:
+            await asyncio.sleep(0)
+    await pub.publish(run_done())
+    await pub.close()
+    assert seen == await bus.read_after(CONV, "0-0")
