@@ -140,6 +140,11 @@ function describeTime(iso) {
   return "";
 }
 
+function setTitle(text) {
+  dom.title.textContent = text;
+  document.title = `${text} · AgentStream`;
+}
+
 function autoGrow(textarea) {
   textarea.style.height = "auto";
   textarea.style.height = `${Math.min(textarea.scrollHeight, 220)}px`;
@@ -211,7 +216,7 @@ function renderList() {
     }),
   );
   const shown = state.conversations.find((c) => c.id === currentId);
-  if (shown) dom.title.textContent = conversationTitle(shown);
+  if (shown) setTitle(conversationTitle(shown));
   dom.listEmpty.hidden = state.conversations.length > 0;
   dom.loadMore.hidden = !state.nextCursor;
 }
@@ -263,7 +268,7 @@ function leaveCurrent() {
 
 function showEmptyConversation() {
   leaveCurrent();
-  dom.title.textContent = "New conversation";
+  setTitle("New conversation");
   dom.deleteConversation.hidden = true;
   dom.messages.replaceChildren(dom.welcome);
   markActiveInList();
@@ -276,7 +281,7 @@ async function openConversation(id) {
   const current = { id, conversation: null, run: null };
   state.current = current;
   markActiveInList();
-  dom.title.textContent = conversationTitle(state.conversations.find((c) => c.id === id));
+  setTitle(conversationTitle(state.conversations.find((c) => c.id === id)));
   dom.messages.replaceChildren(el("p", { className: "loading" }, "Loading…"));
   updateComposer();
   let conversation;
@@ -296,7 +301,7 @@ async function openConversation(id) {
   }
   if (state.current !== current) return;
   current.conversation = conversation;
-  dom.title.textContent = conversationTitle(conversation);
+  setTitle(conversationTitle(conversation));
   dom.deleteConversation.hidden = false;
   renderMessages(conversation.messages ?? [], conversation.active_run_id);
   state.stickToBottom = true;
@@ -431,6 +436,7 @@ async function attachRun(current, runId, { resume }) {
       onState: (connection) => view.setConnection(connection),
       onEvent: (ev) => {
         if (view.handle(ev)) {
+          if (ev.event === "inject") dom.hint.textContent = "";
           view.setConnection("live");
           scheduleSnapshot(current.id, run);
           scrollIfFollowing();

@@ -125,7 +125,8 @@ export async function followStream({ openStream, cursor = null, onEvent, onState
       }
     } catch (err) {
       if (signal?.aborted) break;
-      if (err instanceof StreamHttpError) throw err;
+      // HTTP answers that retrying cannot fix (404, a refused key) end the follow.
+      if (err instanceof StreamHttpError || typeof err?.status === "number") throw err;
       if (finished) return "done";
     }
     // The connection ended before `done`: the run goes on server-side, so pick up where we were.
