@@ -96,6 +96,23 @@ async def test_two_concurrent_starts_exactly_one_wins(runs: RunRepo, conv: Conve
     assert await runs.active(conv.id) == won[0]
 
 
+async def test_two_workers_sharing_the_database_cannot_both_start_a_run(
+    migrated_database_url: str, conv: ConversationRecord
+) -> None:
+    # Two Database handles: two workers' engines and pools on one SQLite file or PostgreSQL.
+    workers = [Database(migrated_database_url), Database(migrated_database_url)]
+    try:
+        outcomes = await asyncio.gather(
+            *(start(RunRepo(db.sessionmaker), conv, worker_id=f"w{i}") for i, db in enumerate(workers)),
+            return_exceptions=True,
+        )
+    finally:
+        for db in workers:
+            await db.dispose()
+
+    assert sorted(type(o).__name__ for o in outcomes) == ["RunActiveError", "RunRecord"]
+
+
 async def test_runs_of_different_conversations_run_side_by_side(database: Database, runs: RunRepo) -> None:
     conversations = ConversationRepo(database.sessionmaker)
     a = await conversations.create("alice", "a", {})
