@@ -1,0 +1,26 @@
+"""``build_llm(settings)``: the one place that decides which LLM the service talks to.
+
+No ``LLM_BASE_URL`` means the offline ``DemoLLM``; otherwise an ``OpenAICompatibleLLM`` configured from
+the settings (the API key is unwrapped from its ``SecretStr`` only here).
+"""
+
+from __future__ import annotations
+
+from app.llm.base import LLM
+from app.llm.demo import DemoLLM
+from app.llm.openai_client import OpenAICompatibleLLM
+from app.settings import Settings
+
+
+def build_llm(settings: Settings) -> LLM:
+    if settings.llm_base_url is None:
+        return DemoLLM(delay_s=settings.demo_delay_s)
+    api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
+    return OpenAICompatibleLLM(
+        base_url=settings.llm_base_url,
+        api_key=api_key,
+        model=settings.llm_model,
+        abilities=settings.abilities,
+        timeout_s=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
+    )
