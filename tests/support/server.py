@@ -100,14 +100,16 @@ class ServerProcess:
 
     def start(self, log_path: Path) -> ServerProcess:
         self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log_path.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        # The child keeps its own copy of the descriptor; closing ours avoids a ResourceWarning.
+        with log_path.open("wb") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--log-level", "warning"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
         wait_until(self._healthy, timeout=30, what=f"service on port {self.port}")
         return self
 
