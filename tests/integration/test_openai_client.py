@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +26,14 @@ from app.llm.base import (
     TokenUsage,
 )
 from app.llm.openai_client import BACKOFF_BASE_S, RETRY_AFTER_MAX_S, OpenAICompatibleLLM
-from tests.support.fake_openai import FakeOpenAIServer, FakeReply
+from tests.support.fake_openai import (
+    EchoAgentBehaviour,
+    FakeOpenAIServer,
+    FakeReply,
+    ToolAgentBehaviour,
+    answer_tokens,
+    iter_stream_text,
+)
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 QUESTION = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi")]
@@ -468,3 +480,119 @@ async def test_exposes_model_name_and_abilities() -> None:
 
     assert llm.model_name == "gpt-x"
     assert llm.abilities == {"tool_call": False}
+
+
+# -- the fake server's own contract ----------------------------------------------------------
+
+
+async def test_an_unscripted_request_gets_a_500_and_fails_assert_done() -> None:
+    with FakeOpenAIServer() as lonely:
+        llm = OpenAICompatibleLLM(lonely.base_url, None, "m", ABILITIES, max_retries=0)
+        try:
+            with pytest.raises(LLMUnavailableError, match="unscripted request"):
+                await llm.chat(QUESTION)
+        finally:
+            await llm.aclose()
+
+        assert len(lonely.unexpected) == 1
+        with pytest.raises(AssertionError, match="unscripted"):
+            lonely.assert_done()
+
+
+def test_assert_done_fails_when_scripted_replies_were_never_requested() -> None:
+    with FakeOpenAIServer() as srv:
+        srv.script(FakeReply.text("never asked for"))
+
+        with pytest.raises(AssertionError, match="1 scripted replies never requested"):
+            srv.assert_done()
+
+
+def test_models_route_lists_the_fake_model(server: FakeOpenAIServer) -> None:
+    response = httpx.get(f"{server.base_url}/models")
+
+    assert response.status_code == 200
+    assert response.json()["data"][0]["id"] == "fake-model"
+
+
+async def test_a_blocked_reply_waits_for_the_test_to_release_it(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    release = threading.Event()
+    server.script(FakeReply.blocked(release, FakeReply.text("released")))
+    call = asyncio.ensure_future(make_llm().chat(QUESTION))
+
+    await server.wait_for_requests_async(1)
+    assert not call.done()
+    release.set()
+
+    assert (await call).content == "released"
+
+
+async def test_echo_behaviour_answers_native_json_and_streaming_calls(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    behaviour = EchoAgentBehaviour(tokens=5)
+    server.set_handler(behaviour)
+    llm = make_llm()
+    json_system = ChatMessage(
+        role="system", content='Reply with {"type": "tool_call"} or {"type": "final_answer"}'
+    )
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+
+    native = await llm.chat([ChatMessage(role="user", content="ping")], tools=[tool])
+    json_mode = await llm.chat([json_system, ChatMessage(role="user", content="ping")])
+    streamed = await collect(llm.stream_chat(QUESTION))
+
+    assert native.content == "Echo: ping"
+    assert json.loads(json_mode.content or "") == {
+        "type": "final_answer",
+        "answer": "Echo: ping",
+        "reasoning": "Nothing to look up.",
+    }
+    assert "".join(i.text for i in streamed if isinstance(i, TextDelta)) == behaviour.answer
+    assert sum(1 for i in streamed if isinstance(i, TextDelta)) == 5
+
+
+async def test_tool_behaviour_calls_its_tool_once_then_answers(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    server.set_handler(ToolAgentBehaviour("calculator", {"expression": "6*7"}))
+    llm = make_llm()
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+    messages = [ChatMessage(role="user", content="what is 6*7")]
+
+    first = await llm.chat(messages, tools=[tool])
+    messages += [
+        ChatMessage(role="assistant", tool_calls=first.tool_calls),
+        ChatMessage(role="tool", content="42", tool_call_id=first.tool_calls[0].id),
+    ]
+    second = await llm.chat(messages, tools=[tool])
+
+    assert [(c.name, json.loads(c.arguments)) for c in first.tool_calls] == [
+        ("calculator", {"expression": "6*7"})
+    ]
+    assert second.tool_calls == ()
+    assert second.content == "Echo: what is 6*7"
+
+
+@pytest.mark.slow
+def test_the_server_runs_as_a_standalone_process() -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", "--mode", "echo", "--tokens", "3"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        response = httpx.post(f"{url}/chat/completions", json=body, timeout=5)
+        assert "".join(iter_stream_text(response.content)) == "".join(answer_tokens(3))
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        if proc.stdout is not None:
+            proc.stdout.close()
