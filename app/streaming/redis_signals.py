@@ -94,6 +94,9 @@ class RedisCancelSignal:
         self._ttl_s = ttl_s
         self._task: asyncio.Task[None] | None = None
         self._pubsub: Any = None
+        self._callback: CancelCallback | None = None
+        self._active_runs: Callable[[], Iterable[str]] | None = None
+        self._catch_ups: set[asyncio.Task[None]] = set()
 
     def _key(self, run_id: str) -> str:
         return f"{self._prefix}:cancel:{run_id}"
@@ -112,6 +115,7 @@ class RedisCancelSignal:
     ) -> None:
         if self._task is not None:
             raise RuntimeError("already listening")
+        self._callback, self._active_runs = callback, active_runs
         await self._subscribe()
         self._task = asyncio.create_task(self._run(callback, active_runs), name="cancel-signal-listener")
 
@@ -123,6 +127,30 @@ class RedisCancelSignal:
             await pubsub.aclose()
             raise
         self._pubsub = pubsub
+        if pubsub.connection is not None:
+            # redis-py may reconnect and resubscribe by itself; we still must catch up then.
+            pubsub.connection.register_connect_callback(self._on_reconnect)
+
+    def _on_reconnect(self, connection: object) -> None:
+        del connection
+        if self._callback is None:
+            return
+        task = asyncio.create_task(self._catch_up(self._callback, self._active_runs))
+        self._catch_ups.add(task)
+        task.add_done_callback(self._catch_ups.discard)
+
+    async def _catch_up(
+        self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None
+    ) -> None:
+        """Requests sent while we were away only left their keys behind."""
+        if active_runs is None:
+            return
+        try:
+            for run_id in list(active_runs()):
+                if await self.is_requested(run_id):
+                    await _invoke(callback, run_id)
+        except (RedisError, OSError):
+            log.warning("cancel catch-up failed", exc_info=True)
 
     async def _run(self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None) -> None:
         attempt = 0
@@ -131,10 +159,7 @@ class RedisCancelSignal:
                 if self._pubsub is None:
                     await self._subscribe()
                     attempt = 0
-                    # Requests sent while we were away only left their keys behind.
-                    for run_id in list(active_runs() if active_runs is not None else ()):
-                        if await self.is_requested(run_id):
-                            await _invoke(callback, run_id)
+                    await self._catch_up(callback, active_runs)
                 async for message in self._pubsub.listen():
                     if message.get("type") == "message":
                         await _invoke(callback, _text(message["data"]))
@@ -150,12 +175,18 @@ class RedisCancelSignal:
     async def _drop_pubsub(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
+            if pubsub.connection is not None:
+                # The connection goes back to the pool: it must not call us when reused.
+                pubsub.connection.deregister_connect_callback(self._on_reconnect)
             try:
                 await pubsub.aclose()
             except (RedisError, OSError):
                 pass
 
     async def close(self) -> None:
+        self._callback = None
+        for pending in list(self._catch_ups):
+            pending.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -185,7 +216,7 @@ class MemoryCancelSignal:
 
     async def is_requested(self, run_id: str) -> bool:
         at = self._requested.get(run_id)
-        return at is not None and time.monotonic() - at <= self._ttl_s
+        return at is not None and time.monotonic() - at < self._ttl_s
 
     async def listen(
         self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None = None

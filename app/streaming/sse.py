@@ -32,5 +32,5 @@ def encode_event(event: StoredEvent) -> bytes:
 
 
 def to_server_sent_event(event: StoredEvent) -> ServerSentEvent:
-    """The same frame as an sse-starlette ``ServerSentEvent``."""
-    return ServerSentEvent(data=_field(event.data), event=_field(event.event), id=_field(event.id))
+    """The same frame as an sse-starlette ``ServerSentEvent`` (LF line ends, like ``encode_event``)."""
+    return ServerSentEvent(data=_field(event.data), event=_field(event.event), id=_field(event.id), sep="\n")
