@@ -597,7 +597,7 @@ def synthesize_answer(prompt: str) -> str:
     """The markdown answer for a synthesis prompt: the question, then each tool result, then the note."""
     question = _section(prompt, "Question") or ""
     trace = _section(prompt, "Tool calls and results") or ""
-    draft = _section(prompt, "Draft answer") or ""
+    draft = re.sub(r"\s*Write the reply to the user now\.?\s*$", "", _section(prompt, "Draft answer") or "")
     entries = re.split(r"^\d+\. ", trace, flags=re.MULTILINE)[1:]
     lines: list[str] = []
     for entry in entries:
@@ -621,9 +621,10 @@ def _describe_step(name: str, args: Mapping[str, Any], body: str) -> str:
     if artifact:
         return f"- I wrote **{artifact.group(1)}**: open the preview to read it."
     if name == "current_time":
-        return f"- Time in **{args.get('timezone', 'UTC')}**: {first}"
-    if name == "calculator":
-        return f"- **{first}**"
+        return f"- Time in **{args.get('timezone', 'UTC')}**: {re.sub(r', in [^,]+$', '', first)}"
+    if name == "calculator" and " = " in first:
+        expression, _, value = first.rpartition(" = ")
+        return f"- `{expression}` = **{value}**"
     if name == "list_notes" and "\n" in result:
         return "- Your notes:\n" + "\n".join(f"  {line.strip()}" for line in result.splitlines()[1:6])
     return f"- {first}"
