@@ -1,0 +1,183 @@
+"""The transport end to end on real Redis and a real database (SQLite and PostgreSQL).
+
+RunPublisher -> RedisEventBus + EventRepo -> stream_events: batching, exact delta concatenation,
+and resume from the database when Redis lost the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from app.db.repositories import ConversationRepo, EventRepo
+from app.db.session import Database
+from app.engine.events import AnswerDelta, AnswerStarted, RunDone, ThinkingStarted
+from app.streaming.bus import StoredEvent, parse_cursor
+from app.streaming.publisher import RunPublisher
+from app.streaming.redis_bus import RedisEventBus
+from app.streaming.resume import stream_events
+from tests.unit.streaming.doubles import MemoryStore, wait_until
+
+pytestmark = pytest.mark.redis
+
+REDIS_URL = os.environ.get("AGENTSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")
+RUN = "run_1"
+
+
+@pytest.fixture
+async def redis_bus() -> AsyncIterator[RedisEventBus]:
+    """A Redis bus under a key prefix private to the test; its keys are deleted afterwards."""
+    client: Redis = Redis.from_url(REDIS_URL)
+    try:
+        await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        pytest.skip(f"Redis not reachable at {REDIS_URL}: {exc}")
+    prefix = f"agentstream-test:{secrets.token_hex(6)}"
+    bus = RedisEventBus(REDIS_URL, prefix, block_ms=200)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+        keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+def run_done(answer: str) -> RunDone:
+    return RunDone(answer=answer, iterations=1, usage={"total_tokens": 1}, elapsed=0.1, status="completed")
+
+
+def answer_text(events: list[StoredEvent]) -> str:
+    return "".join(
+        data["content"]
+        for data in (orjson.loads(e.data) for e in events if e.event == "answer")
+        if data["status"] == "delta"
+    )
+
+
+def count_pipelines(bus: RedisEventBus) -> list[int]:
+    executions: list[int] = []
+    make = bus.redis.pipeline
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = make(*args, **kwargs)
+        execute = pipe.execute
+
+        async def counted(*a: Any, **kw: Any) -> Any:
+            executions.append(len(pipe.command_stack))
+            return await execute(*a, **kw)
+
+        pipe.execute = counted
+        return pipe
+
+    bus.redis.pipeline = pipeline  # type: ignore[method-assign]
+    return executions
+
+
+async def collect(bus: RedisEventBus, store: Any, conv: str, after: str) -> list[StoredEvent]:
+    return [event async for event in stream_events(bus, store, conv, after)]
+
+
+async def test_many_tokens_cost_few_redis_round_trips_and_arrive_exactly(redis_bus: RedisEventBus) -> None:
+    store = MemoryStore()
+    conv = "conv_tokens"
+    reader = asyncio.create_task(collect(redis_bus, store, conv, "0-0"))
+    await wait_until(lambda: conv in redis_bus.readers)
+    executions = count_pipelines(redis_bus)
+    publisher = RunPublisher(redis_bus, store, conv, RUN, last_id=None)
+    tokens = [f"tok{i} " if i % 50 else "line\r\n" for i in range(2000)]
+    await publisher.publish(AnswerStarted())
+    for token in tokens:
+        await publisher.publish(AnswerDelta(token))
+        await asyncio.sleep(0)  # the engine yields between tokens, as a real stream does
+    await publisher.publish(run_done("".join(tokens)))
+    await publisher.close()
+
+    received = await asyncio.wait_for(reader, 10)
+    assert answer_text(received) == "".join(tokens)
+    assert received[-1].event == "done"
+    assert len(executions) <= len(tokens) // 10, f"{len(executions)} round trips for {len(tokens)} tokens"
+    assert store.all(conv) == received  # what the database keeps is what the client saw
+
+
+async def test_resume_serves_from_the_database_what_redis_lost_mid_run(
+    redis_bus: RedisEventBus, database: Database
+) -> None:
+    repo = EventRepo(database.sessionmaker)
+    conv = (await ConversationRepo(database.sessionmaker).create("owner", "t", {})).id
+    publisher = RunPublisher(redis_bus, repo, conv, RUN, last_id=None, store_interval_ms=5)
+    for i in range(30):
+        await publisher.publish(ThinkingStarted(iteration=i))
+    await publisher.publish(AnswerStarted())
+    await publisher.publish(AnswerDelta("first half, "))
+    await publisher.flush()
+    await redis_bus.delete(conv)  # Redis restarted empty: the stream is gone
+
+    reader = asyncio.create_task(collect(redis_bus, repo, conv, "0-0"))
+    await publisher.publish(AnswerDelta("second "))
+    await publisher.publish(AnswerDelta("half"))
+    await publisher.publish(run_done("first half, second half"))
+    await publisher.close()
+
+    received = await asyncio.wait_for(reader, 10)
+    stored = await repo.read_after(conv, "0-0")
+    assert [e.id for e in received] == [e.id for e in stored]  # everything, once, in order
+    assert received == stored
+    assert answer_text(received) == "first half, second half"
+    keys = [parse_cursor(e.id) for e in received]
+    assert keys == sorted(set(keys))
+
+
+async def test_a_late_client_after_the_stream_expired_gets_the_run_from_the_database(
+    redis_bus: RedisEventBus, database: Database
+) -> None:
+    repo = EventRepo(database.sessionmaker)
+    conv = (await ConversationRepo(database.sessionmaker).create("owner", "t", {})).id
+    publisher = RunPublisher(redis_bus, repo, conv, RUN, last_id=None)
+    for i in range(5):
+        await publisher.publish(ThinkingStarted(iteration=i))
+    await publisher.publish(run_done("x"))
+    await publisher.close()
+    await redis_bus.delete(conv)
+
+    stored = await repo.read_after(conv, "0-0")
+    received = await collect(redis_bus, repo, conv, stored[1].id)
+    assert received == stored[2:]
+    assert received[-1].event == "done"
+
+
+async def test_a_second_run_continues_the_ids_and_clears_the_first_runs_expiry(
+    redis_bus: RedisEventBus,
+) -> None:
+    store = MemoryStore()
+    conv = "conv_two_runs"
+    first = RunPublisher(redis_bus, store, conv, "run_1", last_id=None, retention_s=300)
+    await first.publish(ThinkingStarted(iteration=1))
+    done_event = await first.publish(run_done("a"))
+    await first.close()
+    raw = Redis.from_url(REDIS_URL)
+    try:
+        key = redis_bus.stream_key(conv)
+        assert 0 < await raw.ttl(key) <= 300
+        assert done_event is not None
+        second = RunPublisher(redis_bus, store, conv, "run_2", last_id=done_event.id, clock_ms=lambda: 0)
+        await second.publish(ThinkingStarted(iteration=1))
+        await second.flush()
+        assert await raw.ttl(key) == -1
+        await second.publish(run_done("b"))
+        await second.close()
+    finally:
+        await raw.aclose()
+    events = await redis_bus.read_after(conv, "0-0")
+    assert [e.run_id for e in events] == ["run_1", "run_1", "run_2", "run_2"]
+    keys = [parse_cursor(e.id) for e in events]
+    assert keys == sorted(set(keys))
