@@ -46,6 +46,8 @@ CAPABILITIES = (
 )
 INTERRUPT_MARKER = "[USER INTERRUPT]"
 MAX_PLANNED_CALLS = 8
+MAX_PLAN_CHARS = 4000
+MAX_CLAUSE_CHARS = 500
 
 CITY_ZONES = {
     "tokyo": "Asia/Tokyo",
@@ -149,7 +151,9 @@ class _Done:
 def plan(text: str) -> list[PlannedCall]:
     """The tool calls that answer ``text``: one per sub-question it recognises, duplicates dropped."""
     calls: list[PlannedCall] = []
-    for segment in re.split(r"[?;\n]+|(?<=[.!])\s+", text):
+    # Bounded input keeps every pattern below cheap, whatever a user pastes.
+    for segment in re.split(r"[?;\n]+|(?<=[.!])\s+", text[:MAX_PLAN_CHARS]):
+        segment = segment[:MAX_CLAUSE_CHARS]
         parts = [p for p in re.split(r"\s*,?\s+and\s+|\s+&\s+", segment, flags=re.IGNORECASE) if p.strip()]
         planned = [c for c in (_plan_clause(p) for p in parts) if c is not None]
         if len(planned) < 2:

@@ -7,6 +7,7 @@ understands fails here.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,6 +107,15 @@ def test_and_inside_one_request_does_not_split_it() -> None:
 
 def test_repeated_sub_questions_are_planned_once() -> None:
     assert len(plan("What is 2+2? what is 2+2?")) == 1
+
+
+@pytest.mark.parametrize("text", ["see " * 8000, "count how many " * 3000, '"' * 30000, "1+" * 16000])
+def test_planning_a_huge_question_stays_fast(text: str) -> None:
+    started = time.perf_counter()
+
+    plan(text)
+
+    assert time.perf_counter() - started < 0.5
 
 
 @pytest.mark.parametrize(
