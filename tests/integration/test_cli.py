@@ -7,38 +7,61 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.server import ROOT, ServerProcess
+from tests.support.server import ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
 KEY = "cli-test-key-7f3a"
 
 
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``python -m uvicorn app.main:create_app --factory`` on a free port, stopped after the module."""
     tmp = tmp_path_factory.mktemp("cli-server")
-    process = ServerProcess(
-        {
-            "DATABASE_URL": f"sqlite+aiosqlite:///{tmp}/db.sqlite",
-            # Empty means unset: the demo model answers and the in-process bus carries events.
-            "LLM_BASE_URL": "",
-            "REDIS_URL": "",
-            "API_KEYS": f"alice:{KEY}",
-        }
-    )
-    process.start(tmp / "server.log")
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp}/db.sqlite",
+        # Empty means unset: the demo model answers and the in-process bus carries events.
+        "LLM_BASE_URL": "",
+        "REDIS_URL": "",
+        "API_KEYS": f"alice:{KEY}",
+    }
+    command = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1"]
+    log_path = tmp / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=log)
+    base_url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited early:\n{log_path.read_text(errors='replace')}")
+        return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+
     try:
-        yield process
+        wait_until(healthy, timeout=30, what="the server's /healthz")
+        yield Server(base_url)
     finally:
-        process.stop()
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
 
 
-def cli(server: ServerProcess, *args: str, key: str | None = KEY) -> subprocess.CompletedProcess[str]:
+def cli(server: Server, *args: str, key: str | None = KEY) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "AGENTSTREAM_URL": server.base_url}
     env.pop("AGENTSTREAM_KEY", None)
     if key is not None:
@@ -54,10 +77,22 @@ def cli(server: ServerProcess, *args: str, key: str | None = KEY) -> subprocess.
     )
 
 
-def api(server: ServerProcess, path: str) -> Any:
+def api(server: Server, path: str) -> Any:
     response = httpx.get(f"{server.base_url}{path}", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
     response.raise_for_status()
     return response.json()
+
+
+@pytest.fixture(scope="module")
+def human_chat(server: Server) -> subprocess.CompletedProcess[str]:
+    """One finished ``chat`` in readable form; tests that only read it share it to stay fast."""
+    return cli(server, "chat", "What is 17*23?", "--url", server.base_url)
+
+
+@pytest.fixture(scope="module")
+def json_chat(server: Server) -> subprocess.CompletedProcess[str]:
+    """One finished ``chat --json``, shared like ``human_chat``."""
+    return cli(server, "chat", "What is 17*23?", "--json")
 
 
 def conversation_of(output: str) -> str:
@@ -71,22 +106,27 @@ def json_events(output: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in output.splitlines() if line.strip()]
 
 
-def test_chat_prints_the_tool_step_the_streamed_answer_and_the_footer(server: ServerProcess) -> None:
-    result = cli(server, "chat", "What is 17*23?", "--url", server.base_url)
+def test_chat_prints_the_tool_step_the_streamed_answer_and_the_footer(
+    human_chat: subprocess.CompletedProcess[str],
+) -> None:
+    result = human_chat
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Traceback" not in result.stderr
     assert '→ calculator {"expression": ' in out
-    assert "  ← 391" in out
+    observation = next(line for line in out.splitlines() if line.startswith("  ← "))
+    assert "391" in observation
     assert "── completed · " in out
-    assert "391" in out.split("  ← 391", 1)[1]  # the answer repeats the result after the tool step
+    assert "391" in out.split(observation, 1)[1]  # the streamed answer, after the tool step
     conversation = conversation_of(out)
     assert f'continue with: agentstream chat "..." --conversation {conversation}' in out
     assert KEY not in out + result.stderr
 
 
-def test_chat_json_streams_every_event_of_the_run_with_increasing_cursors(server: ServerProcess) -> None:
-    result = cli(server, "chat", "What is 17*23?", "--json")
+def test_chat_json_streams_every_event_of_the_run_with_increasing_cursors(
+    server: Server, json_chat: subprocess.CompletedProcess[str]
+) -> None:
+    result = json_chat
     assert result.returncode == 0, result.stderr
     events = json_events(result.stdout)
     ids = [tuple(int(part) for part in e["id"].split("-")) for e in events]
@@ -108,32 +148,35 @@ def test_chat_json_streams_every_event_of_the_run_with_increasing_cursors(server
     assert stored == [(e["id"], e["event"]) for e in events]
 
 
-def test_chat_with_conversation_continues_the_same_conversation(server: ServerProcess) -> None:
-    first = cli(server, "chat", "What is 17*23?")
-    assert first.returncode == 0, first.stderr
-    conversation = conversation_of(first.stdout)
+def test_chat_with_conversation_continues_the_same_conversation(
+    server: Server, human_chat: subprocess.CompletedProcess[str]
+) -> None:
+    assert human_chat.returncode == 0, human_chat.stderr
+    conversation = conversation_of(human_chat.stdout)
 
-    second = cli(server, "chat", "And what is 2+2?", "--conversation", conversation)
+    second = cli(server, "chat", "And what is 2+2?", "--conversation", conversation, "--json")
     assert second.returncode == 0, second.stderr
-    assert conversation_of(second.stdout) == conversation
-    assert "── completed · " in second.stdout
-    stored = json.dumps(api(server, f"/api/conversations/{conversation}"))
-    assert "What is 17*23?" in stored
-    assert "And what is 2+2?" in stored
+    assert conversation_of(second.stderr) == conversation
+    done = json_events(second.stdout)[-1]
+    assert done["event"] == "done"
+    assert done["data"]["status"] == "completed"
+    assert api(server, f"/api/runs/{done['data']['run_id']}")["conversation_id"] == conversation
 
 
-def test_interrupt_without_an_active_run_is_a_clear_error(server: ServerProcess) -> None:
-    chat = cli(server, "chat", "What is 17*23?")
-    conversation = conversation_of(chat.stdout)
+def test_interrupt_without_an_active_run_is_a_clear_error(
+    server: Server, human_chat: subprocess.CompletedProcess[str]
+) -> None:
+    conversation = conversation_of(human_chat.stdout)
     result = cli(server, "interrupt", conversation, "hurry up")
     assert result.returncode == 1
     assert result.stderr.startswith(f"error: no run is active in conversation {conversation}")
     assert "Traceback" not in result.stderr
 
 
-def test_runs_shows_the_run_and_its_stored_events(server: ServerProcess) -> None:
-    chat = cli(server, "chat", "What is 17*23?", "--json")
-    done = json_events(chat.stdout)[-1]["data"]
+def test_runs_shows_the_run_and_its_stored_events(
+    server: Server, json_chat: subprocess.CompletedProcess[str]
+) -> None:
+    done = json_events(json_chat.stdout)[-1]["data"]
 
     shown = cli(server, "runs", done["run_id"])
     assert shown.returncode == 0, shown.stderr
@@ -147,7 +190,7 @@ def test_runs_shows_the_run_and_its_stored_events(server: ServerProcess) -> None
     assert "── completed · " in events.stdout
 
 
-def test_runs_of_an_unknown_id_prints_the_servers_error(server: ServerProcess) -> None:
+def test_runs_of_an_unknown_id_prints_the_servers_error(server: Server) -> None:
     result = cli(server, "runs", "no-such-run")
     assert result.returncode == 1
     assert result.stderr.startswith("error: ")
@@ -155,12 +198,11 @@ def test_runs_of_an_unknown_id_prints_the_servers_error(server: ServerProcess) -
     assert "Traceback" not in result.stderr
 
 
-def test_watch_replays_the_latest_run_and_stops_at_its_done(server: ServerProcess) -> None:
-    chat = cli(server, "chat", "What is 17*23?", "--json")
-    events = json_events(chat.stdout)
-    conversation = (
-        events[-1]["data"].get("conversation_id") or chat.stderr.split("conversation: ")[1].split()[0]
-    )
+def test_watch_replays_the_latest_run_and_stops_at_its_done(
+    server: Server, json_chat: subprocess.CompletedProcess[str]
+) -> None:
+    events = json_events(json_chat.stdout)
+    conversation = conversation_of(json_chat.stderr)
 
     watched = cli(server, "watch", conversation, "--json")
     assert watched.returncode == 0, watched.stderr
@@ -171,14 +213,16 @@ def test_watch_replays_the_latest_run_and_stops_at_its_done(server: ServerProces
     assert finished.stdout.startswith("no run to follow in this conversation\n")
 
 
-def test_conversations_lists_the_callers_conversations(server: ServerProcess) -> None:
-    conversation = conversation_of(cli(server, "chat", "What is 17*23?").stdout)
+def test_conversations_lists_the_callers_conversations(
+    server: Server, human_chat: subprocess.CompletedProcess[str]
+) -> None:
+    conversation = conversation_of(human_chat.stdout)
     listed = cli(server, "conversations")
     assert listed.returncode == 0, listed.stderr
     assert any(line.startswith(f"{conversation}  ") for line in listed.stdout.splitlines())
 
 
-def test_a_wrong_key_is_refused_cleanly_and_never_echoed(server: ServerProcess) -> None:
+def test_a_wrong_key_is_refused_cleanly_and_never_echoed(server: Server) -> None:
     result = cli(server, "conversations", key="wrong-key-c0ffee")
     assert result.returncode == 1
     assert result.stderr.startswith("error: ")
@@ -186,7 +230,7 @@ def test_a_wrong_key_is_refused_cleanly_and_never_echoed(server: ServerProcess) 
     assert "wrong-key-c0ffee" not in result.stdout + result.stderr
 
 
-def test_python_dash_m_app_cli_shows_the_subcommands(server: ServerProcess) -> None:
+def test_python_dash_m_app_cli_shows_the_subcommands(server: Server) -> None:
     result = cli(server, "--help")
     assert result.returncode == 0
     assert "chat" in result.stdout and "serve" in result.stdout
