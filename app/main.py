@@ -168,7 +168,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services = await build_services(settings)
         app.state.services = services
         await services.manager.start()
-        log.info("ready", extra={"worker": services.manager.worker_id, "model": services.extras["llm"].model_name})
+        log.info(
+            "ready", extra={"worker": services.manager.worker_id, "model": services.extras["llm"].model_name}
+        )
         try:
             yield
         finally:

@@ -12,7 +12,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 run_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_id", default=None)
-conversation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("conversation_id", default=None)
+conversation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "conversation_id", default=None
+)
 
 _STD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
@@ -84,7 +86,9 @@ class Metrics:
         self.events_published = Counter(
             "agentstream_events_published_total", "Events published to the bus", registry=r
         )
-        self.llm_calls = Counter("agentstream_llm_calls_total", "LLM calls, by kind and outcome", ["kind", "outcome"], registry=r)
+        self.llm_calls = Counter(
+            "agentstream_llm_calls_total", "LLM calls, by kind and outcome", ["kind", "outcome"], registry=r
+        )
         self.llm_latency = Histogram(
             "agentstream_llm_latency_seconds",
             "LLM call latency (stream: until the last token)",
@@ -92,4 +96,6 @@ class Metrics:
             registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
         )
-        self.tool_calls = Counter("agentstream_tool_calls_total", "Tool calls, by tool and outcome", ["tool", "outcome"], registry=r)
+        self.tool_calls = Counter(
+            "agentstream_tool_calls_total", "Tool calls, by tool and outcome", ["tool", "outcome"], registry=r
+        )

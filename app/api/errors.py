@@ -15,7 +15,9 @@ from app.errors import ServiceError, UnauthorizedError
 log = logging.getLogger("app.api")
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
@@ -46,7 +48,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 400: "bad_request"}
         return error_response(
-            exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail), getattr(exc, "headers", None)
+            exc.status_code,
+            codes.get(exc.status_code, "http_error"),
+            str(exc.detail),
+            getattr(exc, "headers", None),
         )
 
     @app.exception_handler(Exception)

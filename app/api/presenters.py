@@ -29,7 +29,7 @@ def message_out(msg: MessageRecord) -> MessageOut:
     return MessageOut(
         role=msg.role,
         content=msg.content,
-        tool_calls=list(msg.tool_calls) if msg.tool_calls else None,
+        tool_calls=[tc.to_openai() for tc in msg.tool_calls] if msg.tool_calls else None,
         tool_call_id=msg.tool_call_id,
         run_id=msg.run_id,
         pinned=msg.pinned,

@@ -31,7 +31,10 @@ def _not_blank(value: str) -> str:
 # Multi-line text (questions, follow-ups, prompts) may contain CR/LF: people paste code and lists.
 # NUL is never accepted. SSE framing stays safe because every payload is JSON-encoded.
 MessageText = Annotated[
-    str, Field(min_length=1, max_length=MAX_MESSAGE_CHARS), AfterValidator(_no_nul), AfterValidator(_not_blank)
+    str,
+    Field(min_length=1, max_length=MAX_MESSAGE_CHARS),
+    AfterValidator(_no_nul),
+    AfterValidator(_not_blank),
 ]
 Title = Annotated[str, Field(max_length=200), AfterValidator(_single_line)]
 ToolName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_single_line)]
@@ -70,7 +73,9 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     message: MessageText
-    conversation_id: Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_single_line)] | None = None
+    conversation_id: (
+        Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_single_line)] | None
+    ) = None
 
 
 class ErrorBody(BaseModel):

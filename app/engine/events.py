@@ -57,7 +57,12 @@ class ThinkingDone:
     channel: ClassVar[Channel] = "step"
 
     def data(self) -> dict[str, Any]:
-        return {"type": "thinking", "status": "done", "iteration": self.iteration, "reasoning": self.reasoning}
+        return {
+            "type": "thinking",
+            "status": "done",
+            "iteration": self.iteration,
+            "reasoning": self.reasoning,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.db.errors import RunActiveError
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
@@ -153,10 +154,8 @@ class RunManager:
                 lease_s=self.settings.run_lease_s,
                 start_cursor=start_cursor,
             )
-        except Exception as exc:
-            if type(exc).__name__ == "RunActiveError":
-                raise RunActiveConflict("a run is already active in this conversation") from exc
-            raise
+        except RunActiveError as exc:
+            raise RunActiveConflict("a run is already active in this conversation") from exc
         history = await self.conversations.history(conv_id)
         await self.conversations.add_messages(conv_id, run.id, [ChatMessage(role="user", content=message)])
         await self.conversations.touch(conv_id)
@@ -195,7 +194,9 @@ class RunManager:
             leftovers = await queue.drain()
             if leftovers:
                 await self.conversations.add_messages(
-                    conversation.id, run.id, [ChatMessage(role="user", content=c, pinned=True) for c in leftovers]
+                    conversation.id,
+                    run.id,
+                    [ChatMessage(role="user", content=c, pinned=True) for c in leftovers],
                 )
         return queued
 
@@ -267,7 +268,9 @@ class RunManager:
             await publisher.publish(event)
 
         queue = self.interrupt_queue(active.conversation_id)
-        agent = ReActAgent(self.llm, self._tools_for(conversation), self._agent_config(conversation), self.hooks())
+        agent = ReActAgent(
+            self.llm, self._tools_for(conversation), self._agent_config(conversation), self.hooks()
+        )
         log.info("run started", extra={"worker": self.worker_id})
         result: AgentResult | None = None
         status: str
@@ -416,7 +419,9 @@ class RunManager:
         pending = await self.interrupt_queue(run.conversation_id).drain()
         if pending:
             await self.conversations.add_messages(
-                run.conversation_id, run.id, [ChatMessage(role="user", content=c, pinned=True) for c in pending]
+                run.conversation_id,
+                run.id,
+                [ChatMessage(role="user", content=c, pinned=True) for c in pending],
             )
         publisher = RunPublisher(
             self.bus,
@@ -440,5 +445,8 @@ class RunManager:
         )
         await publisher.close()
         self.metrics.runs.labels("failed").inc()
-        log.warning("closed a run whose worker was lost", extra={"run_id": run.id, "conversation_id": run.conversation_id})
+        log.warning(
+            "closed a run whose worker was lost",
+            extra={"run_id": run.id, "conversation_id": run.conversation_id},
+        )
         return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
 
@@ -29,7 +29,7 @@ from app.errors import InvalidInputError, NotFoundError
 router = APIRouter(tags=["conversations"])
 
 IdPath = Annotated[str, "conversation id"]
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse},
     404: {"model": ErrorResponse},
     409: {"model": ErrorResponse},
@@ -50,7 +50,12 @@ def stream_url(conversation_id: str) -> str:
     return f"/api/conversations/{conversation_id}/stream"
 
 
-@router.post("/api/conversations", status_code=status.HTTP_201_CREATED, response_model=ConversationOut, responses=ERRORS)
+@router.post(
+    "/api/conversations",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ConversationOut,
+    responses=ERRORS,
+)
 async def create_conversation(
     services: ServicesDep, owner: OwnerDep, body: Annotated[ConversationCreate | None, Body()] = None
 ) -> ConversationOut:
@@ -78,17 +83,23 @@ async def list_conversations(
 
 
 @router.get("/api/conversations/{conversation_id}", response_model=ConversationDetail, responses=ERRORS)
-async def get_conversation(conversation_id: IdPath, services: ServicesDep, owner: OwnerDep) -> ConversationDetail:
+async def get_conversation(
+    conversation_id: IdPath, services: ServicesDep, owner: OwnerDep
+) -> ConversationDetail:
     conv = await owned_conversation(services, owner, conversation_id)
     messages = await services.conversations.messages(conv.id)
     active = await services.runs.active(conv.id)
     base = conversation_out(conv)
     return ConversationDetail(
-        **base.model_dump(), messages=[message_out(m) for m in messages], active_run_id=active.id if active else None
+        **base.model_dump(),
+        messages=[message_out(m) for m in messages],
+        active_run_id=active.id if active else None,
     )
 
 
-@router.delete("/api/conversations/{conversation_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
+@router.delete(
+    "/api/conversations/{conversation_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS
+)
 async def delete_conversation(conversation_id: IdPath, services: ServicesDep, owner: OwnerDep) -> Response:
     conv = await owned_conversation(services, owner, conversation_id)
     active = await services.runs.active(conv.id)
@@ -113,10 +124,14 @@ async def delete_conversation(conversation_id: IdPath, services: ServicesDep, ow
     response_model=RunStarted,
     responses=ERRORS,
 )
-async def start_run(conversation_id: IdPath, body: RunCreate, services: ServicesDep, owner: OwnerDep) -> RunStarted:
+async def start_run(
+    conversation_id: IdPath, body: RunCreate, services: ServicesDep, owner: OwnerDep
+) -> RunStarted:
     conv = await owned_conversation(services, owner, conversation_id)
     run = await services.manager.start_run(conv, body.message)
-    return RunStarted(run_id=run.id, conversation_id=conv.id, status="running", stream_url=stream_url(conv.id))
+    return RunStarted(
+        run_id=run.id, conversation_id=conv.id, status="running", stream_url=stream_url(conv.id)
+    )
 
 
 @router.post(
@@ -125,7 +140,9 @@ async def start_run(conversation_id: IdPath, body: RunCreate, services: Services
     response_model=Queued,
     responses=ERRORS,
 )
-async def interrupt(conversation_id: IdPath, body: InterruptCreate, services: ServicesDep, owner: OwnerDep) -> Queued:
+async def interrupt(
+    conversation_id: IdPath, body: InterruptCreate, services: ServicesDep, owner: OwnerDep
+) -> Queued:
     conv = await owned_conversation(services, owner, conversation_id)
     return Queued(queued=await services.manager.interrupt(conv, body.content))
 

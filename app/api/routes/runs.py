@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from app.api.deps import OwnerDep, ServicesDep
@@ -12,7 +14,7 @@ from app.db.repositories import RunRecord
 from app.errors import NotFoundError
 
 router = APIRouter(tags=["runs"])
-ERRORS = {401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
+ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
 
 
 async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:

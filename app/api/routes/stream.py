@@ -68,7 +68,11 @@ async def _has_events_after(services: Services, conversation_id: str, cursor: st
 
 @router.get(
     "/api/conversations/{conversation_id}/stream",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}, 204: {"description": "nothing more to stream"}},
+    responses={
+        **ERRORS,
+        200: {"content": {"text/event-stream": {}}},
+        204: {"description": "nothing more to stream"},
+    },
     response_model=None,
 )
 async def stream(
@@ -95,7 +99,9 @@ async def stream(
         if run is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         cursor = run.start_cursor
-    elif await services.runs.active(conv.id) is None and not await _has_events_after(services, conv.id, cursor):
+    elif await services.runs.active(conv.id) is None and not await _has_events_after(
+        services, conv.id, cursor
+    ):
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return sse_response(services, conv.id, cursor)
 

@@ -12,4 +12,7 @@ router = APIRouter(tags=["tools"])
 
 @router.get("/api/tools", response_model=list[ToolInfo])
 async def list_tools(services: ServicesDep, _owner: OwnerDep) -> list[ToolInfo]:
-    return [ToolInfo(name=t.name, description=t.description, parameters=dict(t.parameters)) for t in services.tools]
+    return [
+        ToolInfo(name=t.name, description=t.description, parameters=dict(t.parameters))
+        for t in services.tools
+    ]
