@@ -320,7 +320,7 @@ class RunManager:
         pending += await queue.drain()
         if result is not None:
             new_messages = list(result.messages)
-            if new_messages and new_messages[0].role == "user" and not new_messages[0].pinned:
+            if new_messages and new_messages[0].role == "user":
                 new_messages = new_messages[1:]  # the question was stored when the run started
             if new_messages:
                 await self.conversations.add_messages(conv_id, active.run_id, new_messages)
