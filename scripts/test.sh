@@ -36,9 +36,9 @@ if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 # --- Redis -----------------------------------------------------------------------------------
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 REDIS_PORT=6379
-if [ -n "${AGENTSTREAM_TEST_REDIS_URL:-}" ]; then :
+if [ -n "${AGENTSTREAM_TEST_REDIS:-}" ]; then :
 elif command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
-  export AGENTSTREAM_TEST_REDIS_URL="redis://127.0.0.1:6379/0"
+  export AGENTSTREAM_TEST_REDIS="redis://127.0.0.1:6379/0"
 else
   command -v redis-server >/dev/null || apt_install redis-server
   REDIS_PORT=6399
@@ -46,7 +46,7 @@ else
     --dir "$STATE" --logfile "$STATE/redis.log" >/dev/null
   STARTED+=(redis)
   for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-  export AGENTSTREAM_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+  export AGENTSTREAM_TEST_REDIS="redis://127.0.0.1:$REDIS_PORT/0"
 fi
 
 # --- PostgreSQL ------------------------------------------------------------------------------
@@ -62,9 +62,9 @@ except Exception:
     sys.exit(1)
 PYEOF
 }
-if [ -n "${AGENTSTREAM_TEST_PG_URL:-}" ]; then :
+if [ -n "${AGENTSTREAM_TEST_POSTGRES:-}" ]; then :
 elif port_open 5432 && pg_trust_ok "postgresql://postgres@127.0.0.1:5432/postgres"; then
-  export AGENTSTREAM_TEST_PG_URL="postgresql://postgres@127.0.0.1:5432/postgres"
+  export AGENTSTREAM_TEST_POSTGRES="postgresql://postgres@127.0.0.1:5432"
 else
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then apt_install postgresql; fi
   PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
@@ -80,7 +80,7 @@ else
   "${RUN_PG[@]}" "initdb -D '$STATE/pg' -A trust -U postgres >/dev/null"
   "${RUN_PG[@]}" "pg_ctl -D '$STATE/pg' -l '$STATE/pg.log' -o \"-p $PG_PORT -k '$STATE' -c listen_addresses=127.0.0.1\" -w start >/dev/null"
   STARTED+=(postgres)
-  export AGENTSTREAM_TEST_PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
+  export AGENTSTREAM_TEST_POSTGRES="postgresql://postgres@127.0.0.1:$PG_PORT"
 fi
 
 # --- Chromium for the browser tests (Debian's build; never a downloaded one) -------------------
