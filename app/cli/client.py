@@ -163,9 +163,9 @@ class ApiClient:
 class StreamFollower:
     """Reads a conversation's stream to the end of a run, reconnecting with ``Last-Event-ID``.
 
-    ``cursor`` is the id of the last event handed out, so a new follower (or ``events()`` called
-    again after the caller broke off) resumes exactly after it. With ``run_id`` set, events of other
-    runs are skipped and only that run's ``done`` ends the stream.
+    ``cursor`` is the id of the last event the caller has finished with, so a new follower (or
+    ``events()`` called again after the caller broke off) resumes right after it. With ``run_id``
+    set, events of other runs are skipped and only that run's ``done`` ends the stream.
     """
 
     def __init__(
@@ -201,13 +201,14 @@ class StreamFollower:
                     return
                 for event in stream:
                     failures = 0
+                    if self.run_id is None or event.run_id in (None, self.run_id):
+                        if event.event == "done":
+                            self.done, self.finished = event, True
+                        yield event
+                    # Moved only once the caller is done with the event: a Ctrl-C while it is
+                    # being shown replays it after a reconnect instead of losing it.
                     if event.id is not None:
                         self.cursor = event.id
-                    if self.run_id is not None and event.run_id not in (None, self.run_id):
-                        continue
-                    if event.event == "done":
-                        self.done, self.finished = event, True
-                    yield event
                     if self.finished:
                         stream.close()
                         return

@@ -14,6 +14,7 @@ import pytest
 from app.cli.chat import EXIT_DETACHED, EXIT_OK, EXIT_RUN_NOT_COMPLETED, ChatSession, Prompt
 from app.cli.client import ApiClient, ApiError, CliError, StreamLost
 from app.cli.render import HumanRenderer, JsonRenderer
+from app.cli.sse import ServerEvent
 
 USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "llm_calls": 2}
 
@@ -320,6 +321,31 @@ def test_second_ctrl_c_after_asking_to_cancel_detaches() -> None:
     s = make_session(server, interactive=True, answers=["y"])
     assert s.session.chat("q") == EXIT_DETACHED
     assert s.out.getvalue().count("Cancel the run?") == 1
+
+
+class InterruptedOnce(HumanRenderer):
+    """Raises KeyboardInterrupt the first time it is handed the event with id ``at``."""
+
+    def __init__(self, out: io.StringIO, at: str) -> None:
+        super().__init__(out)
+        self.at: str | None = at
+
+    def handle(self, event: ServerEvent) -> None:
+        if event.id == self.at:
+            self.at = None
+            raise KeyboardInterrupt
+        super().handle(event)
+
+
+def test_an_event_interrupted_while_being_shown_is_replayed_after_the_cancel() -> None:
+    server = FakeServer(streams=[RUN, RUN[1:]])
+    out = io.StringIO()
+    client = ApiClient("http://agentstream.test", transport=httpx.MockTransport(server.handle))
+    prompt = Prompt(interactive=True, ask=lambda question: "y")
+    session = ChatSession(client, InterruptedOnce(out, at="1-1"), prompt, sleep=lambda s: None)
+    assert session.chat("q") == EXIT_OK
+    assert server.stream_cursors() == [None, "1-0"]
+    assert "  ← 391 (0.01s)\n" in out.getvalue()
 
 
 def test_prompt_treats_end_of_input_as_no() -> None:
