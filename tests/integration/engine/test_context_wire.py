@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from app.engine.context import SUMMARY_PREFIX
+from app.engine import prompts
+from app.engine.context import SUMMARY_PREFIX, estimate_tokens
 from app.engine.events import Compacted
 from app.engine.interrupts import MemoryInterruptQueue
+from app.llm.base import ChatMessage, ToolCall
 from app.llm.openai_client import OpenAICompatibleLLM
 from tests.integration.engine.wire import (
     Body,
@@ -23,6 +25,12 @@ BUDGET = 1500
 
 def _is_summary_request(body: Body) -> bool:
     return "You compact the working memory" in (body["messages"][0].get("content") or "")
+
+
+def _around_first_summary(requests: list[Body]) -> tuple[Body, Body, Body]:
+    """The loop request before the first summary request, that request, and the loop request after it."""
+    at = next(i for i, body in enumerate(requests) if _is_summary_request(body))
+    return requests[at - 1], requests[at], requests[at + 1]
 
 
 class _Model:
@@ -65,8 +73,7 @@ async def test_compaction_keeps_system_prompt_and_pinned_interrupt_and_leaves_no
 
     assert log.done.status == "completed"
     requests = fake_server.requests
-    summary_at = next(i for i, body in enumerate(requests) if _is_summary_request(body))
-    summary_request, before, after = requests[summary_at], requests[summary_at - 1], requests[summary_at + 1]
+    before, summary_request, after = _around_first_summary(requests)
     assert "recent reasoning chain" in summary_request["messages"][0]["content"]
     assert "[tool result: fetch] page 1:" in summary_request["messages"][1]["content"]
 
@@ -85,3 +92,70 @@ async def test_compaction_keeps_system_prompt_and_pinned_interrupt_and_leaves_no
     for body in requests:
         if not _is_summary_request(body) and not body.get("stream"):
             assert_tool_messages_paired(body)
+
+
+def _messages_at_overflow(question: str, big: str) -> list[ChatMessage]:
+    """The loop's messages before its fifth call in the scenario below, as the engine holds them."""
+    batch = tuple(ToolCall(f"call_{i}_fetch", "fetch", f'{{"page":{i}}}') for i in range(3))
+    msgs = [
+        ChatMessage(role="system", content=prompts.native_system_prompt()),
+        ChatMessage(role="user", content=question),
+        ChatMessage(role="assistant", content=None, tool_calls=batch),
+        *(ChatMessage(role="tool", content=big, tool_call_id=c.id, name="fetch") for c in batch),
+    ]
+    for n in range(3):
+        call = ToolCall("call_0_ping", "ping", f'{{"n":{n}}}')
+        msgs.append(ChatMessage(role="assistant", content=None, tool_calls=(call,)))
+        msgs.append(ChatMessage(role="tool", content=f"pong {n}", tool_call_id=call.id, name="ping"))
+    return msgs
+
+
+async def test_compaction_never_splits_a_parallel_batch_when_the_recent_window_starts_inside_it(
+    fake_server: FakeOpenAIServer, llm: OpenAICompatibleLLM
+) -> None:
+    question = "Read three pages, then ping three times."
+    big = "x" * PAGE_CHARS
+
+    async def fetch(page: int) -> str:
+        return big
+
+    async def ping(n: int) -> str:
+        return f"pong {n}"
+
+    overflow = _messages_at_overflow(question, big)
+    # Over budget only once the 12th message is in: the 8 most recent then start inside the batch.
+    budget = sum(estimate_tokens(m) for m in overflow) - 1
+    assert budget >= sum(estimate_tokens(m) for m in overflow[:-2])
+    script = iter(
+        [
+            FakeReply.tool_calls([("fetch", {"page": i}) for i in range(3)]),
+            *(FakeReply.tool_calls([("ping", {"n": n})]) for n in range(3)),
+            FakeReply.text("Done."),
+        ]
+    )
+
+    def model(body: Body) -> FakeReply:
+        if _is_summary_request(body):
+            return FakeReply.text("Three pages of x were read.")
+        if body.get("stream"):
+            return FakeReply.stream(["Done."])
+        return next(script)
+
+    fake_server.set_handler(model)
+    log = EventLog()
+
+    await make_agent(
+        llm,
+        registry(tool("fetch", fetch), tool("ping", ping)),
+        context_token_budget=budget,
+        completion_check=False,
+        self_reflection_interval=100,
+    ).run(question, sink=log)
+
+    (compacted,) = log.of(Compacted)
+    assert compacted.original_messages == len(overflow)
+    after = _around_first_summary(fake_server.requests)[2]
+    assert_tool_messages_paired(after)
+    assert compacted.kept_messages == len(after["messages"])
+    assert not any(m.get("content") == big for m in after["messages"])
+    assert log.done.status == "completed"
