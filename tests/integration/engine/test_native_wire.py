@@ -143,3 +143,35 @@ async def test_a_call_to_an_unknown_tool_becomes_an_error_observation_naming_the
     second = fake_server.requests[1]
     assert roles(second)[-2:] == ["assistant", "tool"]
     assert second["messages"][-1]["content"] == "Error: Tool 'teleport' not found. Available tools: lookup"
+
+
+async def test_interrupt_during_a_native_final_answer_supersedes_it_and_reaches_synthesis(
+    fake_server: FakeOpenAIServer, llm: OpenAICompatibleLLM
+) -> None:
+    queue = MemoryInterruptQueue()
+    release = threading.Event()
+    fake_server.script(
+        FakeReply.blocked(release, FakeReply.text("Paris.")),
+        FakeReply.text("Paris, France."),
+        FakeReply.stream(["Paris, France."]),
+    )
+    log = EventLog()
+    run = asyncio.create_task(
+        make_agent(llm, registry(constant_tool("noop", ""))).run(
+            "Capital of France?", sink=log, interrupts=queue
+        )
+    )
+    await fake_server.wait_for_requests_async(1)
+    await queue.put("name the country too")
+    release.set()
+    await asyncio.wait_for(run, timeout=10)
+
+    assert log.done.iterations == 2
+    second, synthesis = fake_server.requests[1:]
+    assert second["messages"][-2:] == [
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "[USER INTERRUPT] name the country too"},
+    ]
+    user = synthesis["messages"][1]["content"]
+    assert "## Follow-up messages from the user\n- name the country too" in user
+    assert "## Draft answer\nParis, France." in user

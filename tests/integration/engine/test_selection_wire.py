@@ -7,9 +7,12 @@ from app.engine.selection import SELECTION_SCHEMA
 from app.llm.openai_client import OpenAICompatibleLLM
 from app.tools.registry import Tool, ToolRegistry
 from tests.integration.engine.wire import (
+    JSON_ONLY,
     EventLog,
+    MakeLLM,
     make_agent,
     registry,
+    roles,
     sent_tool_names,
     tool,
 )
@@ -108,3 +111,25 @@ async def test_selection_of_only_unknown_names_falls_back_to_the_full_tool_set(
     await make_agent(llm, _many_tools()).run("Anything?", sink=EventLog())
 
     assert len(sent_tool_names(fake_server.requests[1])) == TOOL_COUNT
+
+
+async def test_json_only_model_selects_from_plain_text_and_the_loop_prompt_describes_only_the_pick(
+    fake_server: FakeOpenAIServer, make_llm: MakeLLM
+) -> None:
+    fake_server.script(
+        FakeReply.text('Here you go: {"tools": ["tool_05"]}'),
+        FakeReply.text('{"type": "final_answer", "answer": "Nothing to do.", "reasoning": "Trivial."}'),
+        FakeReply.stream(["Nothing to do."]),
+    )
+    log = EventLog()
+
+    await make_agent(make_llm(JSON_ONLY), _many_tools()).run("Anything for tool five?", sink=log)
+
+    selection, loop, _ = fake_server.requests
+    assert "tools" not in selection and "tool_choice" not in selection and "response_format" not in selection
+    assert roles(selection) == ["system", "user", "user"]
+    assert '"tools"' in selection["messages"][-1]["content"]
+    system = loop["messages"][0]["content"]
+    assert "### tool_05" in system
+    assert [line for line in system.splitlines() if line.startswith("### tool_")] == ["### tool_05"]
+    assert log.of(PhaseChanged) == [PhaseChanged("selecting_tools", TOOL_COUNT)]

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 from app.engine import prompts
 from app.engine.events import AnswerDelta, AnswerDone
+from app.engine.interrupts import MemoryInterruptQueue
 from app.llm.openai_client import OpenAICompatibleLLM
 from tests.integration.engine.wire import (
     JSON_ONLY,
     EventLog,
     MakeLLM,
+    RecordingSleep,
     constant_tool,
     make_agent,
     registry,
@@ -95,3 +99,62 @@ async def test_stream_cut_after_some_tokens_keeps_them_sent_once_and_ends_with_t
     assert done.answer == "Loop answer: 42."
     assert done.error is not None and done.error.startswith("synthesis failed")
     assert "stream broke after tokens were sent" in done.error
+
+
+async def test_stream_cut_before_any_token_is_retried_and_the_answer_streams_once(
+    fake_server: FakeOpenAIServer, make_llm: MakeLLM, retry_sleep: RecordingSleep
+) -> None:
+    fake_server.script(
+        FakeReply.text("Loop answer."),
+        FakeReply.stream(["never", "sent"], cut_after=0),
+        FakeReply.stream(["Streamed ", "answer."], usage=(7, 2)),
+    )
+    log = EventLog()
+
+    await make_agent(make_llm(), registry(constant_tool("noop", ""))).run("Q?", sink=log)
+
+    first_try, second_try = fake_server.requests[1:]
+    assert first_try == second_try and first_try["stream"] is True
+    assert len(retry_sleep.delays) == 1
+    assert [e.content for e in log.of(AnswerDelta)] == ["Streamed ", "answer."]
+    assert log.done.answer == "Streamed answer." and log.done.error is None
+    assert log.done.usage["llm_calls"] == 3
+
+
+async def test_synthesis_that_times_out_on_every_attempt_sends_the_loop_answer_once(
+    fake_server: FakeOpenAIServer, make_llm: MakeLLM
+) -> None:
+    fake_server.script(FakeReply.text("Loop answer: 42."), FakeReply.hang(3.0), FakeReply.hang(3.0))
+    log = EventLog()
+
+    await make_agent(make_llm(timeout_s=0.3, max_retries=1), registry(constant_tool("noop", ""))).run(
+        "6*7?", sink=log
+    )
+
+    assert [e.content for e in log.of(AnswerDelta)] == ["Loop answer: 42."]
+    done = log.done
+    assert done.status == "completed" and done.answer == "Loop answer: 42."
+    assert done.error is not None and done.error.startswith("synthesis failed")
+    assert "timed out after 0.3s" in done.error
+
+
+async def test_interrupt_arriving_during_synthesis_is_handed_back_in_done(
+    fake_server: FakeOpenAIServer, llm: OpenAICompatibleLLM
+) -> None:
+    queue = MemoryInterruptQueue()
+    release = threading.Event()
+    fake_server.script(
+        FakeReply.text("Loop answer."),
+        FakeReply.blocked(release, FakeReply.stream(["Synthesised."])),
+    )
+    log = EventLog()
+    run = asyncio.create_task(
+        make_agent(llm, registry(constant_tool("noop", ""))).run("Q?", sink=log, interrupts=queue)
+    )
+    await fake_server.wait_for_requests_async(2)
+    await queue.put("one more thing")
+    release.set()
+    await asyncio.wait_for(run, timeout=10)
+
+    assert log.done.pending_injections == ("one more thing",)
+    assert log.done.answer == "Synthesised."
