@@ -80,8 +80,8 @@ export class ApiClient {
     return this.request("GET", `/api/conversations?limit=50${query}`);
   }
 
-  createConversation() {
-    return this.request("POST", "/api/conversations", {});
+  createConversation(title) {
+    return this.request("POST", "/api/conversations", title ? { title } : {});
   }
 
   getConversation(id) {

@@ -475,9 +475,11 @@ function updateComposer() {
   if (!active) dom.hint.textContent = "";
 }
 
-async function ensureConversation() {
+async function ensureConversation(firstMessage) {
   if (state.current) return state.current;
-  const conversation = await api.createConversation();
+  const firstLine = firstMessage.split("\n")[0].trim();
+  const title = firstLine.length > 80 ? `${firstLine.slice(0, 79)}…` : firstLine;
+  const conversation = await api.createConversation(title);
   history.pushState(null, "", `#/c/${encodeURIComponent(conversation.id)}`);
   state.conversations.unshift(conversation);
   renderList();
@@ -489,7 +491,7 @@ async function sendMessage(text) {
   dom.sendButton.disabled = true;
   let bubble = null;
   try {
-    const current = await ensureConversation();
+    const current = await ensureConversation(text);
     if (!current || current.run) return;
     dom.welcome.remove();
     bubble = userBubble(text);
@@ -539,6 +541,8 @@ dom.interruptForm.addEventListener("submit", async (event) => {
     const answer = await api.interrupt(current.id, text);
     dom.interruptInput.value = "";
     autoGrow(dom.interruptInput);
+    current.run?.view.addQueuedFollowUp(text);
+    scrollIfFollowing();
     const queued = answer?.queued ?? 1;
     dom.hint.textContent = `Follow-up queued (${queued} waiting) — the agent reads it at its next step.`;
   } catch (err) {

@@ -214,19 +214,21 @@ function renderTable(lines, start, out) {
   return i;
 }
 
-/** Inline markup of one block's text: code spans are cut out first so nothing inside them is formatted. */
+/**
+ * Inline markup of one block's text. Code spans and links become placeholders first, so nothing
+ * inside them is formatted while emphasis can still span them.
+ */
 export function renderInline(text) {
   const parts = [];
-  const codeSpan = /(`+)([\s\S]*?[^`])\1(?!`)/g;
-  let last = 0;
-  let html = "";
-  for (let m = codeSpan.exec(text); m; m = codeSpan.exec(text)) {
-    html += formatText(text.slice(last, m.index), parts);
-    html += stash(parts, `<code>${escapeHtml(m[2].trim() || m[2])}</code>`);
-    last = m.index + m[0].length;
+  const withCode = text.replace(/(`+)([\s\S]*?[^`])\1(?!`)/g, (_, ticks, code) =>
+    stash(parts, `<code>${escapeHtml(code.trim() || code)}</code>`),
+  );
+  let html = formatText(withCode, parts);
+  // Placeholders may nest (code inside a link label), so restore until none is left.
+  while (/\u0000\d+\u0000/.test(html)) {
+    html = html.replace(/\u0000(\d+)\u0000/g, (_, n) => parts[Number(n)]);
   }
-  html += formatText(text.slice(last), parts);
-  return html.replace(/\u0000(\d+)\u0000/g, (_, n) => parts[Number(n)]);
+  return html;
 }
 
 function stash(parts, html) {

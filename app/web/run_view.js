@@ -107,6 +107,8 @@ export class RunView {
         );
         break;
       case "inject":
+        // A drain takes everything queued so far.
+        this.clearQueuedFollowUps();
         this.timeline.append(
           el(
             "div",
@@ -162,12 +164,15 @@ export class RunView {
       this.setStatus("Thinking…");
       return;
     }
+    const reasoning = (data.reasoning ?? "").trim();
+    if (!reasoning) {
+      // Nothing to read: a card would only be noise.
+      card.root.remove();
+      return;
+    }
     card.title.textContent = `Reasoning · step ${data.iteration ?? "?"}`;
     card.setState("ok");
-    const reasoning = (data.reasoning ?? "").trim();
-    card.body.replaceChildren(
-      el("div", { className: "reasoning" }, reasoning || "(no reasoning given)"),
-    );
+    card.body.replaceChildren(el("div", { className: "reasoning" }, reasoning));
     card.preview.textContent = reasoning.split("\n")[0].slice(0, 120);
   }
 
@@ -280,9 +285,26 @@ export class RunView {
     this.root.dispatchEvent(new CustomEvent("run-grew", { bubbles: true }));
   }
 
+  /** The user's follow-up, shown at once; the `inject` event (or the footer) takes its place. */
+  addQueuedFollowUp(text) {
+    this.timeline.append(
+      el(
+        "div",
+        { className: "bubble user followup queued", "data-testid": "queued-followup" },
+        el("span", { className: "bubble-label" }, "Follow-up · waiting for the agent"),
+        el("div", { className: "bubble-text" }, text),
+      ),
+    );
+  }
+
+  clearQueuedFollowUps() {
+    for (const bubble of this.timeline.querySelectorAll("[data-testid=queued-followup]")) bubble.remove();
+  }
+
   onDone(data) {
     this.finished = true;
     this.doneData = data;
+    this.clearQueuedFollowUps();
     this.setStatus("");
     for (const card of [...this.toolCards, ...this.thinkingCards.values()]) {
       if (card.root.dataset.state === "running") card.setState("stopped");
@@ -323,7 +345,11 @@ export class RunView {
     const pending = data.pending_injections ?? [];
     if (pending.length) {
       footer.append(
-        el("p", { className: "done-pending" }, `Follow-ups not taken into account: ${pending.join(" · ")}`),
+        el(
+          "p",
+          { className: "done-pending", "data-testid": "done-pending" },
+          `Arrived too late for this run: ${pending.join(" · ")}`,
+        ),
       );
     }
     this.timeline.append(footer);

@@ -34,6 +34,16 @@ class RunRecord:
         )
 
     @property
+    def reasoning_steps(self) -> int:
+        """Thinking steps the page keeps a card for: those with reasoning, or never finished."""
+        steps: dict[Any, str | None] = {}
+        for ev in self.events:
+            data = ev["data"]
+            if data.get("type") == "thinking":
+                steps[data["iteration"]] = data.get("reasoning") if data["status"] == "done" else None
+        return sum(1 for reasoning in steps.values() if reasoning is None or reasoning.strip())
+
+    @property
     def done(self) -> dict[str, Any]:
         return next(ev["data"] for ev in self.events if ev["event"] == "done")
 
@@ -112,12 +122,11 @@ class ChatPage:
         expect(run).to_have_count(1)
         tool_calls = record.count("step", type="iteration", status="start")
         expect(run.get_by_test_id("tool-card")).to_have_count(tool_calls)
-        expect(run.get_by_test_id("thinking-card")).to_have_count(
-            len({ev["data"]["iteration"] for ev in record.events if ev["data"].get("type") == "thinking"})
-        )
+        expect(run.get_by_test_id("thinking-card")).to_have_count(record.reasoning_steps)
         expect(run.get_by_test_id("inject-bubble")).to_have_count(record.count("inject"))
         expect(run.get_by_test_id("done-footer")).to_have_count(1)
-        answer = record.done["answer"]
+        # A cancelled run keeps what it had streamed; otherwise done.answer is what stays on screen.
+        answer = record.done["answer"] or record.streamed_answer
         if answer:
             expect(run.get_by_test_id("answer")).to_have_count(1)
             bubble = run.locator("[data-testid=answer] .markdown")

@@ -27,7 +27,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DEMO_DELAY_S = "0.15"
+DEMO_DELAY_S = "0.05"
 """Slow enough that a follow-up, a cancel or a reload lands while the run is still working."""
 
 

@@ -174,3 +174,25 @@ def test_done_answer_replaces_partial_text_when_synthesis_failed(chat: ChatPage)
     expect(answer.locator(".markdown")).to_have_text("Fallback: 4.")
     expect(answer).not_to_contain_text("The answ")
     expect(chat.page.get_by_test_id("done-error")).to_have_text("synthesis failed")
+
+
+def test_queued_follow_up_gives_way_to_the_inject_event(chat: ChatPage) -> None:
+    chat.open()
+    chat.page.evaluate(
+        """async () => {
+            const { RunView } = await import('/static/run_view.js');
+            const view = new RunView({ runId: 'r1' });
+            document.getElementById('messages').append(view.root);
+            view.addQueuedFollowUp('and in euros?');
+            window.testView = view;
+        }"""
+    )
+    expect(chat.page.get_by_test_id("queued-followup")).to_have_text(
+        "Follow-up · waiting for the agentand in euros?"
+    )
+
+    chat.page.evaluate(
+        "window.testView.handle({id: '7', event: 'inject', data: {type: 'inject', content: 'and in euros?'}})"
+    )
+    expect(chat.page.get_by_test_id("queued-followup")).to_have_count(0)
+    expect(chat.page.get_by_test_id("inject-bubble").locator(".bubble-text")).to_have_text(["and in euros?"])
