@@ -1,0 +1,159 @@
+"""The event stream resumes from any cursor: nothing lost, nothing repeated (API.md, "The event stream").
+
+A real uvicorn serves the app in a thread; clients read SSE through httpx; the model is the fake
+OpenAI server streaming a long answer token by token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    Api,
+    FakeLLM,
+    GatedAgent,
+    as_stored,
+    clients_fixture,
+    gated_llm_fixture,
+    redis_prefix_fixture,
+    start_service_fixture,
+)
+from tests.support.server import ServerThread
+
+pytestmark = pytest.mark.timeout(30)
+
+BUSES = pytest.mark.parametrize(
+    "redis_bus", [pytest.param(True, id="redis", marks=pytest.mark.redis), pytest.param(False, id="memory")]
+)
+
+# How many events each connection reads before it hangs up; cycled until the run's done.
+CHUNKS = (1, 2, 3, 5, 8, 13, 21, 34)
+
+
+@BUSES
+def test_reconnecting_after_k_events_again_and_again_yields_every_stored_event_once_in_order(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+) -> None:
+    agent = gated_llm.play(GatedAgent(tokens=200, delay_s=0.004))
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    run_id = api.start_run(conv, "count to two hundred")
+
+    received = []
+    cursor: str | None = None
+    connections = 0
+    while not received or received[-1].event != "done":
+        k = CHUNKS[connections % len(CHUNKS)]
+        # One reconnect carries its cursor as ?after= (a client that cannot set headers).
+        by_query = connections == 3
+        with api.stream(
+            conv,
+            last_event_id=None if by_query else cursor,
+            after=cursor if by_query else None,
+        ) as response:
+            received += response.read(count=k, until=lambda e: e.event == "done")
+        connections += 1
+        cursor = received[-1].id
+        assert connections < 400, "the stream never reached done"
+
+    stored = api.wait_stored(run_id)
+    ids = [e.id for e in received]
+    assert len(set(ids)) == len(ids), "an event was delivered twice"
+    assert as_stored(received) == stored
+    assert connections > 10
+    done = received[-1].data
+    assert done["status"] == "completed"
+    assert done["answer"] == agent.answer
+    deltas = "".join(
+        e.data["content"] for e in received if e.event == "answer" and e.data["status"] == "delta"
+    )
+    assert deltas == done["answer"]
+
+
+@BUSES
+def test_last_event_id_header_wins_over_the_after_query(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+) -> None:
+    gated_llm.play(GatedAgent(tokens=20))
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    stored = api.wait_stored(api.start_run(conv))
+    mid = len(stored) // 2
+    assert mid > 2
+
+    with api.stream(conv, last_event_id=stored[mid]["id"], after=stored[1]["id"]) as response:
+        received = response.read()
+    assert as_stored(received) == stored[mid + 1 :]
+
+    with api.stream(conv, after=stored[1]["id"]) as response:
+        received = response.read()
+    assert as_stored(received) == stored[2:]
+
+
+@BUSES
+def test_without_a_cursor_the_stream_starts_at_the_first_event_of_the_active_or_latest_run(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+) -> None:
+    agent = gated_llm.play(GatedAgent(tokens=10))
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    first = api.wait_stored(api.start_run(conv, "first"))
+
+    agent.close_gate()
+    second_id = api.start_run(conv, "second")
+    with api.stream(conv) as response:
+        opening = response.read(count=1)
+        agent.gate.set()
+        live = opening + response.read()
+    second = api.wait_stored(second_id)
+    assert as_stored(live) == second
+    assert opening[0].data["run_id"] == second_id
+    assert opening[0].id > first[-1]["id"]
+
+    # No run active: the latest run, from its first event, again.
+    with api.stream(conv) as response:
+        assert as_stored(response.read()) == second
+
+
+@BUSES
+def test_a_reconnect_at_the_latest_done_with_no_run_active_gets_204(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+) -> None:
+    agent = gated_llm.play(GatedAgent(tokens=5))
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    first = api.wait_stored(api.start_run(conv, "first"))
+    second = api.wait_stored(api.start_run(conv, "second"))
+
+    for params in ({"last_event_id": second[-1]["id"]}, {"after": second[-1]["id"]}):
+        with api.stream(conv, **params) as response:
+            assert response.status_code == 204
+            assert response.response.read() == b""
+
+    # At an earlier run's done the next run is still to come.
+    with api.stream(conv, last_event_id=first[-1]["id"]) as response:
+        assert as_stored(response.read()) == second
+
+    # At the latest done while a new run is active: the new run's events, not 204.
+    agent.close_gate()
+    third_id = api.start_run(conv, "third")
+    with api.stream(conv, last_event_id=second[-1]["id"]) as response:
+        assert response.status_code == 200
+        opening = response.read(count=1)
+        agent.gate.set()
+        live = opening + response.read()
+    assert as_stored(live) == api.wait_stored(third_id)

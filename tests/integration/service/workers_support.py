@@ -1,0 +1,362 @@
+"""Shared pieces of the stream and many-workers tests: a gated fake model, an API client, servers.
+
+- ``GatedAgent``: a fake OpenAI behaviour whose loop calls wait for a gate the test opens, so a run
+  lasts exactly as long as the test needs, with no sleeps.
+- ``Api``: a small sync client of one service (REST calls and SSE streams through httpx).
+- fixtures: ``gated_llm`` (a started fake server playing a ``GatedAgent``), ``redis_prefix`` (a
+  unique key prefix whose keys are deleted afterwards), ``clients`` (makes ``Api``s, closed after
+  the test), ``start_service`` (in-thread servers on this test's database, stopped after it);
+  ``worker_env`` and ``workers_running`` for uvicorn subprocesses.
+
+Named apart from the fixtures of this folder's conftest.py, which the API tests own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from app.settings import Settings
+from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.server import ServerProcess, ServerThread, wait_until
+from tests.support.services import REDIS_URL
+from tests.support.sse import SseEvent, iter_sse
+
+READ_TIMEOUT_S = 10.0
+"""Longest silence a test client accepts on a stream (pings come far more often)."""
+
+
+class GatedAgent:
+    """Echo agent: loop calls are held until ``gate`` is set, then the answer streams token by token.
+
+    ``loop_calls`` counts the loop requests that arrived; ``requests`` keeps every request body, so
+    a test can see what the engine sent (an interrupt's text, for instance).
+    """
+
+    def __init__(self, tokens: int = 40, delay_s: float = 0.0) -> None:
+        self.inner = EchoAgentBehaviour(tokens, delay_s=delay_s)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.loop_calls = 0
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def answer(self) -> str:
+        return self.inner.answer
+
+    def close_gate(self) -> None:
+        self.gate.clear()
+
+    def __call__(self, body: dict[str, Any]) -> FakeReply:
+        with self._lock:
+            self.requests.append(body)
+            if not body.get("stream"):
+                self.loop_calls += 1
+        reply = self.inner(body)
+        if body.get("stream") or self.gate.is_set():
+            return reply
+        return FakeReply.blocked(self.gate, reply, timeout_s=60)
+
+    def saw(self, text: str) -> bool:
+        """Whether any request the engine sent carries ``text`` in a message."""
+        with self._lock:
+            bodies = list(self.requests)
+        return any(text in str(message.get("content")) for b in bodies for message in b.get("messages", ()))
+
+
+class FakeLLM:
+    """The started fake server and the behaviour it plays (replace ``agent`` to change it)."""
+
+    def __init__(self, server: FakeOpenAIServer) -> None:
+        self.server = server
+        self.agent = GatedAgent()
+        server.set_handler(lambda body: self.agent(body))
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def play(self, agent: GatedAgent) -> GatedAgent:
+        self.agent = agent
+        return agent
+
+
+@pytest.fixture(name="gated_llm")
+def gated_llm_fixture() -> Iterator[FakeLLM]:
+    with FakeOpenAIServer() as server:
+        fake = FakeLLM(server)
+        try:
+            yield fake
+        finally:
+            # Let held requests go, so that no run of a stopping server waits on them.
+            fake.agent.gate.set()
+
+
+@pytest.fixture(name="redis_prefix")
+def redis_prefix_fixture() -> Iterator[str]:
+    prefix = f"agentstream-test:{secrets.token_hex(6)}"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+def service_settings(database_url: str, llm_base_url: str, **overrides: Any) -> Settings:
+    """Settings of a test service: the fake model, no keys, quick pings; nothing read from .env."""
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "llm_base_url": llm_base_url,
+        "llm_api_key": "test-key",
+        "llm_model": "fake-model",
+        "llm_timeout_s": 30.0,
+        "llm_max_retries": 0,
+        "redis_url": None,
+        "api_keys": None,
+        "sse_ping_seconds": 0.2,
+        "shutdown_grace_s": 5.0,
+        "log_level": "WARNING",
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@pytest.fixture(name="start_service")
+def start_service_fixture(
+    migrated_database_url: str, gated_llm: FakeLLM, redis_prefix: str
+) -> Iterator[Callable[..., ServerThread]]:
+    """``start_service(redis=True, **settings)``: an in-thread server on this test's database.
+
+    With ``redis`` the bus is the real Redis under ``redis_prefix``; otherwise the in-process bus.
+    """
+    started: list[ServerThread] = []
+
+    def start(*, redis: bool = True, **overrides: Any) -> ServerThread:
+        overrides.setdefault("redis_url", REDIS_URL if redis else None)
+        overrides.setdefault("redis_key_prefix", redis_prefix)
+        settings = service_settings(migrated_database_url, gated_llm.base_url, **overrides)
+        server = ServerThread(settings).start()
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        gated_llm.agent.gate.set()
+        for server in reversed(started):
+            server.stop()
+
+
+def worker_env(database_url: str, llm_base_url: str, **overrides: str) -> dict[str, str]:
+    """Environment of a uvicorn worker subprocess, like ``service_settings``."""
+    env = {
+        "DATABASE_URL": database_url,
+        "LLM_BASE_URL": llm_base_url,
+        "LLM_API_KEY": "test-key",
+        "LLM_MODEL": "fake-model",
+        "LLM_TIMEOUT_S": "30",
+        "LLM_MAX_RETRIES": "0",
+        "REDIS_URL": "",
+        "API_KEYS": "",
+        "SSE_PING_SECONDS": "0.2",
+        "SHUTDOWN_GRACE_S": "5",
+        "RUN_LEASE_S": "1.0",
+        "LOG_LEVEL": "WARNING",
+    }
+    env.update(overrides)
+    return env
+
+
+def start_workers(envs: list[dict[str, str]], tmp_path: Path) -> list[ServerProcess]:
+    """Start one uvicorn process per environment, in parallel (each start imports the whole app)."""
+    workers = [ServerProcess(env) for env in envs]
+    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+        started = [
+            pool.submit(worker.start, tmp_path / f"worker-{i}.log") for i, worker in enumerate(workers)
+        ]
+        errors = [f.exception() for f in started]
+    if any(errors):
+        for worker in workers:
+            worker.kill()
+        raise AssertionError(f"a worker did not start: {errors}")
+    return workers
+
+
+@contextmanager
+def workers_running(envs: list[dict[str, str]], tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    workers = start_workers(envs, tmp_path)
+    try:
+        yield workers
+    finally:
+        for worker in workers:
+            worker.kill()
+
+
+class Api:
+    """A sync client of one service over a real socket."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.http = httpx.Client(base_url=base_url, timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def create_conversation(self, **agent: Any) -> str:
+        body = {"agent": agent} if agent else {}
+        response = self.http.post("/api/conversations", json=body)
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def start_run(self, conversation_id: str, message: str = "hello") -> str:
+        response = self.http.post(f"/api/conversations/{conversation_id}/runs", json={"message": message})
+        assert response.status_code == 202, response.text
+        return str(response.json()["run_id"])
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        response = self.http.get(f"/api/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        response = self.http.get(f"/api/runs/{run_id}/events")
+        assert response.status_code == 200, response.text
+        result: list[dict[str, Any]] = response.json()
+        return result
+
+    def interrupt(self, conversation_id: str, content: str) -> httpx.Response:
+        return self.http.post(f"/api/conversations/{conversation_id}/interrupt", json={"content": content})
+
+    def cancel(self, conversation_id: str) -> httpx.Response:
+        return self.http.post(f"/api/conversations/{conversation_id}/cancel")
+
+    def wait_finished(self, run_id: str, timeout: float = 15.0) -> dict[str, Any]:
+        run: dict[str, Any] = wait_until(
+            lambda: (r := self.run(run_id))["status"] != "running" and r,
+            timeout=timeout,
+            interval=0.05,
+            what=f"run {run_id} to finish",
+        )
+        return run
+
+    def wait_stored(self, run_id: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The run's stored events once its ``done`` is stored too."""
+        events: list[dict[str, Any]] = wait_until(
+            lambda: (e := self.events(run_id)) and e[-1]["event"] == "done" and e,
+            timeout=timeout,
+            interval=0.05,
+            what=f"the done event of run {run_id} in the database",
+        )
+        return events
+
+    @contextmanager
+    def stream(
+        self,
+        conversation_id: str,
+        *,
+        last_event_id: str | None = None,
+        after: str | None = None,
+    ) -> Iterator[Stream]:
+        headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
+        params = {"after": after} if after is not None else {}
+        with self.http.stream(
+            "GET", f"/api/conversations/{conversation_id}/stream", headers=headers, params=params
+        ) as response:
+            yield Stream(response)
+
+
+@pytest.fixture(name="clients")
+def clients_fixture() -> Iterator[Callable[[str], Api]]:
+    made: list[Api] = []
+
+    def make(base_url: str) -> Api:
+        api = Api(base_url)
+        made.append(api)
+        return api
+
+    yield make
+    for api in made:
+        api.close()
+
+
+class Stream:
+    """One open SSE response, read bit by bit: ``read()`` may be called again and goes on."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.comments: list[str] = []
+        self._items = iter_sse(response) if response.status_code == 200 else iter(())
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    def read(
+        self, count: int | None = None, until: Callable[[SseEvent], bool] | None = None
+    ) -> list[SseEvent]:
+        """Events until ``count`` were read, ``until(event)`` holds, or the server ends the stream."""
+        assert self.status_code == 200, self.response.read()
+        out: list[SseEvent] = []
+        if count == 0:
+            return out
+        for item in self._items:
+            if isinstance(item, str):
+                self.comments.append(item)
+                continue
+            out.append(item)
+            if (count is not None and len(out) >= count) or (until is not None and until(item)):
+                break
+        return out
+
+    def read_comments(self, count: int) -> list[str]:
+        """Read on until ``count`` comment lines came (events met meanwhile are returned by ``read``)."""
+        seen = len(self.comments)
+        for item in self._items:
+            if isinstance(item, str):
+                self.comments.append(item)
+                if len(self.comments) - seen >= count:
+                    break
+            else:
+                raise AssertionError(f"an event came while the run should be quiet: {item}")
+        return self.comments[seen:]
+
+    def ends_within(self, seconds: float) -> bool:
+        """Whether the server closes the stream within ``seconds`` without sending another event."""
+        deadline = time.monotonic() + seconds
+        for item in self._items:
+            if isinstance(item, SseEvent):
+                raise AssertionError(f"an event after the stream should have ended: {item}")
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+
+def as_stored(events: list[SseEvent]) -> list[dict[str, Any]]:
+    """Streamed events in the shape of ``GET /api/runs/{id}/events``."""
+    return [{"id": e.id, "event": e.event, "data": e.data} for e in events]
+
+
+def answer_of(events: list[dict[str, Any]]) -> str:
+    """The concatenation of the answer deltas of events shaped like ``as_stored``'s."""
+    return "".join(
+        e["data"]["content"] for e in events if e["event"] == "answer" and e["data"].get("status") == "delta"
+    )
