@@ -38,6 +38,7 @@ from app.settings import Settings
 from app.streaming.bus import EventBus
 from app.streaming.memory import MemoryEventBus
 from app.tools.builtins import default_registry
+from app.tools.mcp import connect_mcp_tools
 
 log = logging.getLogger("app.main")
 
@@ -108,6 +109,7 @@ async def build_services(settings: Settings) -> Services:
 
     llm = InstrumentedLLM(build_llm(settings), metrics)
     registry = default_registry()
+    mcp_tools = await connect_mcp_tools(settings.mcp_servers, registry)
     audit = _audit_logger()
 
     def hooks() -> HookRegistry:
@@ -144,13 +146,18 @@ async def build_services(settings: Settings) -> Services:
         metrics=metrics,
         owner_keys=owner_keys,
         redis=redis_client,
-        extras={"llm": llm},
+        extras={"llm": llm, "mcp": mcp_tools},
     )
 
 
 async def close_services(services: Services) -> None:
     await services.manager.shutdown()
-    for closer in (services.bus.close, services.extras["llm"].aclose, services.db.dispose):
+    for closer in (
+        services.extras["mcp"].aclose,
+        services.bus.close,
+        services.extras["llm"].aclose,
+        services.db.dispose,
+    ):
         try:
             await closer()
         except Exception:
