@@ -11,6 +11,7 @@ Error messages name the status or kind of failure and never carry the API key.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import re
@@ -208,11 +209,17 @@ class OpenAICompatibleLLM:
                     f"tool call #{i} of the LLM reply has no function name", attempts=attempts
                 )
             # Arguments stay raw text: whether they are JSON is for the engine to judge (E-27).
+            # Some compatible servers send an object instead of a string; dropping it would run
+            # the tool without its arguments, so it is kept as the JSON text it stands for.
+            if arguments is None:
+                arguments = ""
+            elif not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False, default=str)
             calls.append(
                 ToolCall(
                     id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
                     name=name,
-                    arguments=arguments if isinstance(arguments, str) else "",
+                    arguments=arguments,
                 )
             )
         return tuple(calls)

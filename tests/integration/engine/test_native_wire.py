@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -175,3 +176,36 @@ async def test_interrupt_during_a_native_final_answer_supersedes_it_and_reaches_
     user = synthesis["messages"][1]["content"]
     assert "## Follow-up messages from the user\n- name the country too" in user
     assert "## Draft answer\nParis, France." in user
+
+
+def _completion_with_object_arguments(name: str, arguments: dict[str, Any]) -> bytes:
+    # Some OpenAI-compatible servers send the arguments as a JSON object instead of a JSON string.
+    call = {"id": "call_obj", "type": "function", "function": {"name": name, "arguments": arguments}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [choice]}
+    return json.dumps(body).encode()
+
+
+async def test_tool_arguments_sent_as_a_json_object_reach_the_tool_and_go_back_as_a_json_string(
+    fake_server: FakeOpenAIServer, llm: OpenAICompatibleLLM
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def lookup(**kwargs: Any) -> str:
+        calls.append(kwargs)
+        return "found"
+
+    fake_server.script(
+        FakeReply.malformed(_completion_with_object_arguments("lookup", {"q": "x", "limit": 2})),
+        FakeReply.text("Found."),
+        FakeReply.stream(["Found."]),
+    )
+    log = EventLog()
+
+    await make_agent(llm, registry(tool("lookup", lookup))).run("Look up x.", sink=log)
+
+    assert calls == [{"q": "x", "limit": 2}]
+    assert [e.error for e in log.of(IterationDone)] == [None]
+    sent_call = fake_server.requests[1]["messages"][2]["tool_calls"][0]
+    assert json.loads(sent_call["function"]["arguments"]) == {"q": "x", "limit": 2}
