@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.engine import prompts
-from app.engine.context import SUMMARY_PREFIX, estimate_tokens
+from app.engine.context import MARKER_PREFIX, SUMMARY_PREFIX, estimate_tokens
 from app.engine.events import Compacted
 from app.engine.interrupts import MemoryInterruptQueue
 from app.llm.base import ChatMessage, ToolCall
@@ -11,6 +11,7 @@ from app.llm.openai_client import OpenAICompatibleLLM
 from tests.integration.engine.wire import (
     Body,
     EventLog,
+    MakeLLM,
     assert_tool_messages_paired,
     make_agent,
     registry,
@@ -36,11 +37,14 @@ def _around_first_summary(requests: list[Body]) -> tuple[Body, Body, Body]:
 class _Model:
     """Answers summary requests, synthesis and the loop (tool calls first, then a final answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, summary_fails: bool = False) -> None:
         self.loop_calls = 0
+        self.summary_fails = summary_fails
 
     def __call__(self, body: Body) -> FakeReply:
         if _is_summary_request(body):
+            if self.summary_fails:
+                return FakeReply.error(503)
             return FakeReply.text("Fetched page 1 (mentions A); next: pages 2 and 3.")
         if body.get("stream"):
             return FakeReply.stream(["Pages read."])
@@ -92,6 +96,32 @@ async def test_compaction_keeps_system_prompt_and_pinned_interrupt_and_leaves_no
     for body in requests:
         if not _is_summary_request(body) and not body.get("stream"):
             assert_tool_messages_paired(body)
+
+
+async def test_failed_summary_call_is_replaced_by_a_marker_naming_the_dropped_tools(
+    fake_server: FakeOpenAIServer, make_llm: MakeLLM
+) -> None:
+    async def fetch(page: int) -> str:
+        return f"page {page}: " + "lorem ipsum " * (PAGE_CHARS // 12)
+
+    fake_server.set_handler(_Model(summary_fails=True))
+    log = EventLog()
+
+    await make_agent(
+        make_llm(max_retries=0),
+        registry(tool("fetch", fetch)),
+        context_token_budget=BUDGET,
+        completion_check=False,
+    ).run("Read the pages.", sink=log)
+
+    assert log.done.status == "completed"
+    _, _, after = _around_first_summary(fake_server.requests)
+    markers = [
+        m["content"] for m in after["messages"] if m["content"] and m["content"].startswith(MARKER_PREFIX)
+    ]
+    assert len(markers) == 1 and "Tools involved: fetch." in markers[0]
+    assert_tool_messages_paired(after)
+    assert log.of(Compacted)
 
 
 def _messages_at_overflow(question: str, big: str) -> list[ChatMessage]:
