@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    STACKS,
     Api,
     FakeLLM,
     GatedAgent,
@@ -24,15 +25,12 @@ from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.timeout(30)
 
-BUSES = pytest.mark.parametrize(
-    "redis_bus", [pytest.param(True, id="redis", marks=pytest.mark.redis), pytest.param(False, id="memory")]
-)
 
 # How many events each connection reads before it hangs up; cycled until the run's done.
 CHUNKS = (1, 2, 3, 5, 8, 13, 21, 34)
 
 
-@BUSES
+@STACKS
 def test_reconnecting_after_k_events_again_and_again_yields_every_stored_event_once_in_order(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -75,7 +73,7 @@ def test_reconnecting_after_k_events_again_and_again_yields_every_stored_event_o
     assert deltas == done["answer"]
 
 
-@BUSES
+@STACKS
 def test_last_event_id_header_wins_over_the_after_query(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -98,7 +96,7 @@ def test_last_event_id_header_wins_over_the_after_query(
     assert as_stored(received) == stored[2:]
 
 
-@BUSES
+@STACKS
 def test_without_a_cursor_the_stream_starts_at_the_first_event_of_the_active_or_latest_run(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -126,7 +124,7 @@ def test_without_a_cursor_the_stream_starts_at_the_first_event_of_the_active_or_
         assert as_stored(response.read()) == second
 
 
-@BUSES
+@STACKS
 def test_a_reconnect_at_the_latest_done_with_no_run_active_gets_204(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],

@@ -3,6 +3,7 @@
 - ``GatedAgent``: a fake OpenAI behaviour whose loop calls wait for a gate the test opens, so a run
   lasts exactly as long as the test needs, with no sleeps.
 - ``Api``: a small sync client of one service (REST calls and SSE streams through httpx).
+- ``STACKS``: the databases x buses a stream test runs on.
 - fixtures: ``gated_llm`` (a started fake server playing a ``GatedAgent``), ``redis_prefix`` (a
   unique key prefix whose keys are deleted afterwards), ``clients`` (makes ``Api``s, closed after
   the test), ``start_service`` (in-thread servers on this test's database, stopped after it);
@@ -31,6 +32,16 @@ from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, Fake
 from tests.support.server import ServerProcess, ServerThread, wait_until
 from tests.support.services import REDIS_URL
 from tests.support.sse import SseEvent, iter_sse
+
+STACKS = pytest.mark.parametrize(
+    ("database_backend", "redis_bus"),
+    [
+        pytest.param("sqlite", False, id="sqlite-memory"),
+        pytest.param("sqlite", True, id="sqlite-redis", marks=pytest.mark.redis),
+        pytest.param("postgres", True, id="postgres-redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+    ],
+)
+"""Database and bus of a single-worker stream test (the bus decides; the database is the fallback)."""
 
 READ_TIMEOUT_S = 10.0
 """Longest silence a test client accepts on a stream (pings come far more often)."""
