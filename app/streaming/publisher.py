@@ -45,13 +45,22 @@ def wall_clock_ms() -> int:
 
 
 class _PendingDelta:
-    """Answer deltas merged while waiting for the sender; encoded when the sender takes them."""
+    """Answer deltas merged while waiting for the sender; encoded when the sender takes them.
 
-    __slots__ = ("id", "parts")
+    ``eager``: the tokens come slowly, so waiting for more would only add latency.
+    """
 
-    def __init__(self, event_id: str, content: str) -> None:
+    __slots__ = ("eager", "id", "parts")
+
+    def __init__(self, event_id: str, content: str, eager: bool) -> None:
         self.id = event_id
         self.parts = [content]
+        self.eager = eager
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _backoff(attempt: int, cap: float) -> float:
@@ -112,8 +121,9 @@ class RunPublisher:
         self._saving = False
         self._bus_wake = asyncio.Event()
         self._store_wake = asyncio.Event()
-        self._store_now = asyncio.Event()
-        self._progress = asyncio.Condition()
+        self._store_timer: asyncio.Future[None] | None = None
+        self._flush_waiters: list[asyncio.Future[None]] = []
+        self._last_delta_at = 0.0
         self._urgent = False
         self._closing = False
         self._closed = False
@@ -135,16 +145,19 @@ class RunPublisher:
         if type(event) is AnswerDelta:
             if not event.content:
                 return None
+            now = time.monotonic()
+            eager = now - self._last_delta_at > self._coalesce_s
+            self._last_delta_at = now
             if pending and type(pending[-1]) is _PendingDelta:
                 pending[-1].parts.append(event.content)
                 return None
-            self._queue(_PendingDelta(self._next_id(), event.content))
+            self._queue(_PendingDelta(self._next_id(), event.content, eager))
             return None
         stored = StoredEvent(self._next_id(), event.channel, self._encode(event), self.run_id)
         if isinstance(event, RunDone):
             self._done_published = True
             self._urgent = True
-            self._store_now.set()
+            self._end_store_wait()
         self._queue(stored)
         return stored
 
@@ -153,14 +166,14 @@ class RunPublisher:
         if self._bus_task is None:
             return
         self._urgent = True
-        self._store_now.set()
+        self._end_store_wait()
         self._bus_wake.set()
         self._store_wake.set()
-        async with self._progress:
-            await self._progress.wait_for(self._flushed)
+        if not self._flushed():
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._flush_waiters.append(waiter)
+            await waiter
         self._urgent = self._done_published
-        if not self._urgent:
-            self._store_now.clear()
         if self._store_error is not None:
             raise self._store_error
 
@@ -236,9 +249,16 @@ class RunPublisher:
         store_idle = (not self._to_store and not self._saving) or self._store_error is not None
         return bus_idle and store_idle
 
-    async def _notify(self) -> None:
-        async with self._progress:
-            self._progress.notify_all()
+    def _notify(self) -> None:
+        if self._flush_waiters and self._flushed():
+            waiters, self._flush_waiters = self._flush_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _end_store_wait(self) -> None:
+        if self._store_timer is not None and not self._store_timer.done():
+            self._store_timer.set_result(None)
 
     async def _send_loop(self) -> None:
         while True:
@@ -246,8 +266,9 @@ class RunPublisher:
                 self._bus_wake.clear()
                 await self._bus_wake.wait()
                 continue
-            if self._coalesce_s and not self._urgent and type(self._pending[-1]) is _PendingDelta:
-                # A short window in which further tokens merge into this delta.
+            tail = self._pending[-1]
+            if self._coalesce_s and not self._urgent and type(tail) is _PendingDelta and not tail.eager:
+                # Tokens are coming fast: a short window in which more merge into this delta.
                 wait = self._pending_since + self._coalesce_s - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -261,7 +282,7 @@ class RunPublisher:
                     await self._send(batch)
             finally:
                 self._sending = False
-            await self._notify()
+            self._notify()
 
     async def _send(self, batch: list[StoredEvent]) -> None:
         first_failure: float | None = None
@@ -314,16 +335,21 @@ class RunPublisher:
                 continue
             if self._store_interval_s and not self._urgent:
                 # Let a larger batch build up: database writes cost far more than Redis appends.
+                # flush() and done end the wait early.
+                loop = asyncio.get_running_loop()
+                timer = self._store_timer = loop.create_future()
+                handle = loop.call_later(self._store_interval_s, _resolve, timer)
                 try:
-                    await asyncio.wait_for(self._store_now.wait(), self._store_interval_s)
-                except TimeoutError:
-                    pass
+                    await timer
+                finally:
+                    handle.cancel()
+                    self._store_timer = None
             self._saving = True
             try:
                 await self._save(self._to_store[: self._store_batch])
             finally:
                 self._saving = False
-            await self._notify()
+            self._notify()
 
     async def _save(self, batch: list[StoredEvent]) -> None:
         first_failure: float | None = None
@@ -346,7 +372,7 @@ class RunPublisher:
                         extra={**self._context, "error": str(exc)},
                     )
                     self._to_store.clear()
-                    await self._notify()
+                    self._notify()
                     # Stay parked: flush() reports the error; nothing more can be saved.
                     await asyncio.Event().wait()
                 log.warning(

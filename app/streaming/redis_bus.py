@@ -1,9 +1,13 @@
 """``RedisEventBus``: the event bus shared by every worker, one Redis Stream per conversation.
 
-Writes are one pipelined round trip per batch, with the ids the publisher assigned. Reads for live
-delivery are shared: each process runs ONE reader task per followed conversation (``XREAD BLOCK``
-on a connection of its own) that fans entries out to that conversation's local followers through
-bounded per-follower buffers. A follower that falls too far behind loses its buffer and catches up
+Writes carry the ids the publisher assigned. Appends of all conversations of a process go out
+together, one pipelined round trip per batch (what queued up while the previous one was in
+flight), so the cost per event is a few microseconds of packing, not a round trip.
+
+Reads for live delivery are shared too: the process runs ONE reader task with ONE blocking
+connection, ``XREAD BLOCK`` over every stream that has local followers, and fans entries out to
+each conversation's followers through bounded per-follower buffers. No Redis connection per SSE
+client, nor per conversation. A follower that falls too far behind loses its buffer and catches up
 from the stream by id (``XRANGE``), so a slow client never stalls the others nor grows memory.
 """
 
@@ -31,6 +35,7 @@ from app.streaming.bus import (
     StoredEvent,
     parse_cursor,
 )
+from app.streaming.redis_wire import Command, RespConnection
 
 log = logging.getLogger("app.streaming.redis")
 
@@ -40,6 +45,18 @@ _PAGE = 1000
 
 def _events(entries: Sequence[tuple[str, dict[str, str]]]) -> list[StoredEvent]:
     return [StoredEvent(entry_id, f["event"], f["data"], f["run_id"]) for entry_id, f in entries]
+
+
+def _raw_events(entries: Sequence[list[Any]]) -> list[StoredEvent]:
+    """Entries of a raw ``XREAD`` reply: ``[id, [field, value, ...]]``."""
+    out = []
+    for entry_id, fields in entries:
+        if len(fields) == 6 and fields[0] == "event" and fields[2] == "data" and fields[4] == "run_id":
+            out.append(StoredEvent(entry_id, fields[1], fields[3], fields[5]))  # as the writer wrote it
+        else:
+            f = dict(zip(fields[::2], fields[1::2], strict=True))
+            out.append(StoredEvent(entry_id, f["event"], f["data"], f["run_id"]))
+    return out
 
 
 class _StreamLostError(Exception):
@@ -59,54 +76,27 @@ class _Follower:
         self.wakeup = asyncio.Event()
 
 
-class _StreamReader:
-    """The process's single blocking reader of one conversation's stream."""
+class _Subscription:
+    """This process's interest in one conversation's stream: where reading is, and who follows."""
 
-    def __init__(self, bus: RedisEventBus, conversation_id: str, position: str) -> None:
-        self.bus = bus
+    __slots__ = ("conversation_id", "followers", "key", "position", "position_key")
+
+    def __init__(self, conversation_id: str, key: str, position: str) -> None:
         self.conversation_id = conversation_id
-        self.key = bus.stream_key(conversation_id)
-        # Id of the last entry handed to followers; every follower registered now gets all after it.
+        self.key = key
+        # Id of the last entry handed to followers; a follower that joins now gets all after it.
         self.position = position
+        self.position_key = parse_cursor(position)
         self.followers: set[_Follower] = set()
-        self.stopped = False
-        self.task = asyncio.create_task(self._run(), name=f"stream-reader-{conversation_id}")
 
-    def add(self, follower: _Follower) -> None:
-        self.followers.add(follower)
-
-    def remove(self, follower: _Follower) -> None:
-        self.followers.discard(follower)
-
-    async def _run(self) -> None:
-        try:
-            while self.followers:
-                try:
-                    reply: Any = await self.bus.blocking.xread(
-                        {self.key: self.position}, count=_PAGE, block=self.bus.block_ms
-                    )
-                except _UNREACHABLE as exc:
-                    self._fail(BusUnavailableError(f"stream reader lost Redis: {exc}"))
-                    return
-                except RedisError as exc:
-                    self._fail(BusUnavailableError(f"stream reader failed: {exc}"))
-                    return
-                if not reply:
-                    continue
-                events = _events(reply[0][1])
-                if events:
-                    self.position = events[-1].id
-                    self._fan_out(events)
-        except asyncio.CancelledError:
-            self._fail(BusClosedError("the event bus is closed"))
-            raise
-        finally:
-            self.stopped = True
-            if self.bus.readers.get(self.conversation_id) is self:
-                del self.bus.readers[self.conversation_id]
-
-    def _fan_out(self, events: list[StoredEvent]) -> None:
-        limit = self.bus.follower_buffer
+    def deliver(self, events: list[StoredEvent], limit: int) -> None:
+        if parse_cursor(events[0].id) <= self.position_key:
+            # A reply to a read issued before this subscription was renewed: drop what it had.
+            events = [e for e in events if parse_cursor(e.id) > self.position_key]
+            if not events:
+                return
+        self.position = events[-1].id
+        self.position_key = parse_cursor(self.position)
         n = len(events)
         for follower in list(self.followers):
             if follower.size + n > limit:
@@ -120,11 +110,182 @@ class _StreamReader:
                 follower.size += n
             follower.wakeup.set()
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
         for follower in self.followers:
             follower.error = error
             follower.wakeup.set()
         self.followers.clear()
+
+
+class _StreamReader:
+    """The process's one blocking reader: ``XREAD BLOCK`` over every followed stream at once.
+
+    It runs on a connection of its own. When a conversation gets its first follower while the
+    reader is blocked on the others, ``CLIENT UNBLOCK`` (sent on the shared pool) makes it return
+    at once and read again with the new stream included.
+    """
+
+    def __init__(self, bus: RedisEventBus, connection: RespConnection) -> None:
+        self.bus = bus
+        self.connection = connection
+        self.subscriptions: dict[str, _Subscription] = {}
+        self._by_key: dict[str, _Subscription] = {}
+        self._wake = asyncio.Event()
+        self._reading: frozenset[str] | None = None  # keys of the XREAD in flight
+        self._unblocking: asyncio.Task[None] | None = None
+        self.task = asyncio.create_task(self._run(), name="redis-stream-reader")
+
+    def subscribe(self, conversation_id: str, key: str, position: str) -> _Subscription:
+        sub = self.subscriptions.get(conversation_id)
+        if sub is None:
+            sub = self.subscriptions[conversation_id] = self._by_key[key] = _Subscription(
+                conversation_id, key, position
+            )
+            self._wake.set()
+            if self._reading is not None and self._unblocking is None:
+                self._unblocking = asyncio.create_task(self._unblock())
+        return sub
+
+    def unsubscribe(self, sub: _Subscription, follower: _Follower) -> None:
+        sub.followers.discard(follower)
+        if not sub.followers and self.subscriptions.get(sub.conversation_id) is sub:
+            # The XREAD in flight may still name it; its entries are then ignored.
+            del self.subscriptions[sub.conversation_id]
+            del self._by_key[sub.key]
+
+    async def _unblock(self) -> None:
+        try:
+            # The XREAD may still be on its way to Redis (UNBLOCK then finds nothing to unblock):
+            # try again shortly until the reader reads every subscribed stream.
+            for _ in range(200):
+                reading = self._reading
+                if reading is None or self._by_key.keys() <= reading:
+                    return
+                client_id = self.connection.client_id
+                if client_id is not None and await self.bus.redis.client_unblock(client_id):
+                    return
+                await asyncio.sleep(0.002)
+        except (RedisError, OSError):
+            pass  # the reader will see its own error, or return after block_ms
+        finally:
+            self._unblocking = None
+
+    async def _run(self) -> None:
+        bus = self.bus
+        attempt = 0
+        while True:
+            if not self._by_key:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            keys = list(self._by_key)
+            positions = [self._by_key[key].position for key in keys]
+            command: Command = ("XREAD", "COUNT", _PAGE, "BLOCK", bus.block_ms, "STREAMS", *keys, *positions)
+            try:
+                self._reading = frozenset(keys)
+                reply: Any = (await self.connection.execute([command], self._read_timeout_s))[0]
+            except asyncio.CancelledError:
+                self._fail_all(BusClosedError("the event bus is closed"))
+                raise
+            except RedisError as exc:
+                self._fail_all(BusUnavailableError(f"stream reader lost Redis: {exc}"))
+                attempt += 1
+                await asyncio.sleep(min(1.0, 0.02 * 2.0**attempt))
+                continue
+            finally:
+                self._reading = None
+            if isinstance(reply, ResponseError):
+                self._fail_all(BusUnavailableError(f"stream reader refused: {reply}"))
+                continue
+            attempt = 0
+            if not reply:
+                continue
+            limit = bus.follower_buffer
+            for key, entries in reply:
+                sub = self._by_key.get(key)
+                if sub is not None and entries:
+                    sub.deliver(_raw_events(entries), limit)
+
+    @property
+    def _read_timeout_s(self) -> float:
+        return self.bus.block_ms / 1000 + self.connection.timeout_s
+
+    def _fail_all(self, error: BaseException) -> None:
+        for sub in self.subscriptions.values():
+            sub.fail(error)
+        self.subscriptions.clear()
+        self._by_key.clear()
+
+
+class _Writer:
+    """Appends of every conversation in this process, sent together: one pipeline per round trip."""
+
+    def __init__(self, bus: RedisEventBus, connection: RespConnection) -> None:
+        self.bus = bus
+        self.connection = connection
+        self._queue: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self.task = asyncio.create_task(self._run(), name="redis-stream-writer")
+
+    def submit(self, key: str, events: Sequence[StoredEvent]) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((key, events, future))
+        self._wake.set()
+        return future
+
+    async def _run(self) -> None:
+        maxlen: tuple[str | int, ...] = ("MAXLEN", "~", self.bus.maxlen) if self.bus.maxlen else ()
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Natural batching: whatever queued up while the previous round trip was in flight.
+            batch, self._queue = self._queue, []
+            commands: list[Command] = []
+            for key, events, _ in batch:
+                for e in events:
+                    commands.append(
+                        ("XADD", key, *maxlen, e.id, "event", e.event, "data", e.data, "run_id", e.run_id)
+                    )
+                # A new run must not inherit the expiry the previous run's done set on the stream.
+                commands.append(("PERSIST", key))
+            try:
+                results = await self.connection.execute(commands)
+            except asyncio.CancelledError:
+                self._fail(batch, BusClosedError("the event bus is closed"))
+                self._fail(self._queue, BusClosedError("the event bus is closed"))
+                raise
+            except RedisError as exc:
+                self._fail(batch, BusUnavailableError(f"cannot append to Redis: {exc}"))
+                continue
+            at = 0
+            for key, events, future in batch:
+                outcome = results[at : at + len(events)]
+                at += len(events) + 1
+                if not future.done():
+                    error = _append_error(key, events, outcome)
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error)
+
+    @staticmethod
+    def _fail(batch: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]], error: Exception) -> None:
+        for _, _, future in batch:
+            if not future.done():
+                future.set_exception(error)
+
+
+def _append_error(key: str, events: Sequence[StoredEvent], results: list[Any]) -> Exception | None:
+    for event, result in zip(events, results, strict=False):
+        if isinstance(result, ResponseError):
+            if "equal or smaller" in str(result):
+                return EventOrderError(
+                    f"Redis rejected event id {event.id} for {key}: not greater than the newest id held"
+                )
+            return BusUnavailableError(f"cannot append to {key}: {result}")
+    return None
 
 
 class RedisEventBus:
@@ -163,13 +324,15 @@ class RedisEventBus:
             "socket_connect_timeout": socket_timeout_s,
             "client_name": client_name,
         }
-        self.redis: Redis = Redis.from_url(url, socket_timeout=socket_timeout_s, **common)
-        # Blocking reads hold their connection for up to block_ms: they get a pool of their own so
-        # they never starve appends and replays.
-        self.blocking: Redis = Redis.from_url(
-            url, socket_timeout=block_ms / 1000 + socket_timeout_s, **common
+        self.redis: Redis = Redis.from_url(
+            url, socket_timeout=socket_timeout_s, max_connections=10_000, **common
         )
-        self.readers: dict[str, _StreamReader] = {}
+        # The hot paths each own a bare connection: the blocking reader (which holds it for up to
+        # block_ms at a time, so it never starves anyone) and the writer.
+        self._reader_connection = RespConnection(url, client_name=client_name, timeout_s=socket_timeout_s)
+        self._writer_connection = RespConnection(url, client_name=client_name, timeout_s=socket_timeout_s)
+        self._reader: _StreamReader | None = None
+        self._writer: _Writer | None = None
         self._closed = False
 
     def stream_key(self, conversation_id: str) -> str:
@@ -181,29 +344,9 @@ class RedisEventBus:
         self._check_open()
         if not events:
             return
-        key = self.stream_key(conversation_id)
-        pipe = self.redis.pipeline(transaction=False)
-        for event in events:
-            pipe.xadd(
-                key,
-                {"event": event.event, "data": event.data, "run_id": event.run_id},
-                id=event.id,
-                maxlen=self.maxlen,
-                approximate=True,
-            )
-        # A new run must not inherit the expiry the previous run's done set on the stream.
-        pipe.persist(key)
-        try:
-            results = await pipe.execute(raise_on_error=False)
-        except _UNREACHABLE as exc:
-            raise BusUnavailableError(f"cannot append to {key}: {exc}") from exc
-        for event, result in zip(events, results, strict=False):
-            if isinstance(result, ResponseError):
-                if "equal or smaller" in str(result):
-                    raise EventOrderError(
-                        f"Redis rejected event id {event.id} for {key}: not greater than the newest id held"
-                    ) from result
-                raise BusUnavailableError(f"cannot append to {key}: {result}") from result
+        if self._writer is None:
+            self._writer = _Writer(self, self._writer_connection)
+        await self._writer.submit(self.stream_key(conversation_id), events)
 
     async def expire(self, conversation_id: str, seconds: int) -> None:
         await self._call(self.redis.expire, self.stream_key(conversation_id), max(1, int(seconds)))
@@ -238,6 +381,7 @@ class RedisEventBus:
             self._check_open()
             follower = _Follower()
             reader: _StreamReader | None = None
+            sub: _Subscription | None = None
             try:
                 if verify:
                     # Back after an outage or a fall-behind: only go on if the stream still holds what
@@ -256,11 +400,12 @@ class RedisEventBus:
                     if len(batch) < _PAGE:
                         break
                 self._check_open()
-                reader = self.readers.get(conversation_id)
-                if reader is None or reader.stopped:
-                    reader = self.readers[conversation_id] = _StreamReader(self, conversation_id, last)
-                registered_at = reader.position
-                reader.add(follower)
+                if self._reader is None:
+                    self._reader = _StreamReader(self, self._reader_connection)
+                reader = self._reader
+                sub = reader.subscribe(conversation_id, self.stream_key(conversation_id), last)
+                registered_at = sub.position
+                sub.followers.add(follower)
                 # Entries the reader handed out before we joined were appended after our replay.
                 while parse_cursor(registered_at) > last_key:
                     batch = await self._read_range(conversation_id, last, registered_at, _PAGE)
@@ -276,11 +421,15 @@ class RedisEventBus:
                     if follower.batches:
                         batch = follower.batches.popleft()
                         follower.size -= len(batch)
+                        if parse_cursor(batch[0].id) <= last_key:
+                            # Only right after joining can a batch overlap what was replayed.
+                            batch = [e for e in batch if parse_cursor(e.id) > last_key]
+                            if not batch:
+                                continue
                         for event in batch:
-                            key = parse_cursor(event.id)
-                            if key > last_key:
-                                yield event
-                                last, last_key = event.id, key
+                            yield event
+                        last = batch[-1].id
+                        last_key = parse_cursor(last)
                         continue
                     if follower.error is not None:
                         raise follower.error
@@ -301,8 +450,8 @@ class RedisEventBus:
                 attempt += 1
                 await asyncio.sleep(min(1.0, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2))
             finally:
-                if reader is not None:
-                    reader.remove(follower)
+                if reader is not None and sub is not None:
+                    reader.unsubscribe(sub, follower)
 
     async def _still_holds(self, conversation_id: str, key: tuple[int, int]) -> bool:
         """Whether the stream still holds an entry at or before ``key`` (so nothing after it was lost)."""
@@ -319,17 +468,22 @@ class RedisEventBus:
 
     async def close(self) -> None:
         self._closed = True
-        readers = list(self.readers.values())
-        for reader in readers:
-            reader.task.cancel()
-        for reader in readers:
+        tasks = [part.task for part in (self._reader, self._writer) if part is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             try:
-                await reader.task
+                await task
             except asyncio.CancelledError:
                 pass
-        self.readers.clear()
         await self.redis.aclose()
-        await self.blocking.aclose()
+        await self._reader_connection.aclose()
+        await self._writer_connection.aclose()
+
+    @property
+    def subscriptions(self) -> dict[str, _Subscription]:
+        """Followed conversations of this process (for tests and metrics)."""
+        return self._reader.subscriptions if self._reader is not None else {}
 
     # ---- internals -------------------------------------------------------------------------
 

@@ -116,7 +116,12 @@ class RedisCancelSignal:
         if self._task is not None:
             raise RuntimeError("already listening")
         self._callback, self._active_runs = callback, active_runs
-        await self._subscribe()
+        try:
+            await self._subscribe()
+        except (RedisError, OSError) as exc:
+            # A worker must start while Redis is down (its /readyz then says so); the listener
+            # below keeps trying to subscribe.
+            log.warning("cancel listener cannot reach Redis yet; retrying", extra={"error": str(exc)})
         self._task = asyncio.create_task(self._run(callback, active_runs), name="cancel-signal-listener")
 
     async def _subscribe(self) -> None:

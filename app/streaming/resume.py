@@ -43,9 +43,9 @@ async def stream_events(
     client reconnects with its cursor.
     """
     last = after
-    last_key = parse_cursor(after)
     attempt = 0
     while True:
+        last_key = parse_cursor(last)
         try:
             continuous = await _bus_continues(bus, store, conversation_id, last_key)
             if continuous is None:
@@ -64,20 +64,22 @@ async def stream_events(
                     attempt += 1
                     await asyncio.sleep(_backoff(attempt, outage_poll_s))
                 continue
-            seam_checked = continuous
             follow = bus.follow(conversation_id, last)
             try:
+                if not continuous:
+                    # The bus starts later than `last`: check the seam against the database once.
+                    first = await anext(follow)
+                    if await _store_has_between(store, conversation_id, last, parse_cursor(first.id)):
+                        continue  # the bus skipped events the database has: look again
+                    yield first
+                    last = first.id
+                    if first.is_done:
+                        return
+                attempt = 0
+                # follow() yields ids > `last`, increasing, each once: no need to compare here.
                 async for event in follow:
-                    key = parse_cursor(event.id)
-                    if key <= last_key:
-                        continue
-                    if not seam_checked:
-                        seam_checked = True
-                        if await _store_has_between(store, conversation_id, last, key):
-                            break  # the bus skipped events the database has: look again
-                    attempt = 0
                     yield event
-                    last, last_key = event.id, key
+                    last = event.id
                     if event.is_done:
                         return
             finally:
@@ -92,6 +94,7 @@ async def stream_events(
                 "event bus unavailable; serving from the database",
                 extra={"conversation_id": conversation_id, "error": str(exc)},
             )
+            last_key = parse_cursor(last)
             served = False
             for event in await store.read_after(conversation_id, last, PAGE):
                 key = parse_cursor(event.id)

@@ -219,32 +219,35 @@ async def test_close_ends_followers_with_bus_closed(bus: EventBus) -> None:
 # ---- Redis only --------------------------------------------------------------------------------
 
 
-def _count_pipelines(bus: RedisEventBus) -> list[int]:
-    """Spy: how many pipelines the bus executes (each is one round trip)."""
-    executions: list[int] = []
-    make = bus.redis.pipeline
+def count_round_trips(bus: RedisEventBus) -> list[int]:
+    """Spy: the size of every round trip the bus's stream writer makes."""
+    round_trips: list[int] = []
+    connection = bus._writer_connection
+    execute = connection.execute
 
-    def pipeline(*args: Any, **kwargs: Any) -> Any:
-        pipe = make(*args, **kwargs)
-        execute = pipe.execute
+    async def counted(commands: Any, timeout_s: float | None = None) -> Any:
+        round_trips.append(len(commands))
+        return await execute(commands, timeout_s)
 
-        async def counted(*a: Any, **kw: Any) -> Any:
-            executions.append(len(pipe.command_stack))
-            return await execute(*a, **kw)
-
-        pipe.execute = counted  # type: ignore[method-assign]
-        return pipe
-
-    bus.redis.pipeline = pipeline  # type: ignore[method-assign]
-    return executions
+    connection.execute = counted  # type: ignore[method-assign]
+    return round_trips
 
 
 @pytest.mark.redis
 async def test_redis_append_of_a_batch_is_one_round_trip(redis_bus: RedisEventBus) -> None:
-    executions = _count_pipelines(redis_bus)
+    round_trips = count_round_trips(redis_bus)
     await redis_bus.append(CONV, [stored(n) for n in range(1, 201)])
-    assert len(executions) == 1
+    assert round_trips == [201]  # 200 XADD and one PERSIST
     assert len(await redis_bus.read_after(CONV, "0-0")) == 200
+
+
+@pytest.mark.redis
+async def test_redis_appends_of_many_conversations_share_round_trips(redis_bus: RedisEventBus) -> None:
+    round_trips = count_round_trips(redis_bus)
+    await asyncio.gather(*(redis_bus.append(f"conv_{i}", [stored(1), stored(2)]) for i in range(50)))
+    assert sum(round_trips) == 150 and len(round_trips) <= 2
+    for i in range(50):
+        assert await redis_bus.read_after(f"conv_{i}", "0-0") == [stored(1), stored(2)]
 
 
 @pytest.mark.redis
@@ -293,13 +296,15 @@ async def test_redis_one_reader_per_conversation_whatever_the_number_of_follower
     redis_bus: RedisEventBus,
 ) -> None:
     readers = [asyncio.create_task(collect(redis_bus, "0-0", 3)) for _ in range(25)]
-    await wait_until(lambda: CONV in redis_bus.readers and len(redis_bus.readers[CONV].followers) == 25)
-    assert len(redis_bus.readers) == 1
+    await wait_until(
+        lambda: CONV in redis_bus.subscriptions and len(redis_bus.subscriptions[CONV].followers) == 25
+    )
+    assert len(redis_bus.subscriptions) == 1
     await redis_bus.append(CONV, [stored(1), stored(2), stored(3)])
     results = await asyncio.wait_for(asyncio.gather(*readers), 10)
     assert all(r == [stored(1), stored(2), stored(3)] for r in results)
     # The last follower gone, the reader stops after its current blocking read.
-    await wait_until(lambda: not redis_bus.readers)
+    await wait_until(lambda: not redis_bus.subscriptions)
 
 
 @pytest.mark.redis
@@ -324,14 +329,14 @@ async def test_redis_slow_follower_neither_stalls_others_nor_loses_events(redis_
 
         slow_task = asyncio.create_task(slow())
         fast_task = asyncio.create_task(collect(bus, "0-0", len(events)))
-        await wait_until(lambda: CONV in bus.readers and len(bus.readers[CONV].followers) == 2)
+        await wait_until(lambda: CONV in bus.subscriptions and len(bus.subscriptions[CONV].followers) == 2)
         for start in range(0, len(events), 10):
             await bus.append(CONV, events[start : start + 10])
             await asyncio.sleep(0)
         # The fast follower finishes while the slow one is still parked on its first event.
         assert await asyncio.wait_for(fast_task, 10) == events
         assert len(slow_got) == 1
-        reader = bus.readers.get(CONV)
+        reader = bus.subscriptions.get(CONV)
         assert reader is None or len(reader.followers) == 0  # dropped: its buffer overflowed
         release.set()
         await asyncio.wait_for(slow_task, 10)
@@ -360,7 +365,7 @@ async def test_redis_follow_survives_dropped_connections_without_gap_or_duplicat
         events = [stored(n) for n in range(1, 41)]
         await bus.append(CONV, events[:10])
         reader = asyncio.create_task(collect(bus, "0-0", 40))
-        await wait_until(lambda: CONV in bus.readers)
+        await wait_until(lambda: CONV in bus.subscriptions)
         await bus.append(CONV, events[10:20])
         assert await _kill_connections(name) >= 2  # the blocking reader's and the shared pool's
         await bus.append(CONV, events[20:40])
@@ -376,7 +381,7 @@ async def test_redis_follow_raises_when_redis_comes_back_without_the_stream(redi
     try:
         await bus.append(CONV, [stored(1), stored(2)])
         reader = asyncio.create_task(collect(bus, "0-0", 5))
-        await wait_until(lambda: CONV in bus.readers)
+        await wait_until(lambda: CONV in bus.subscriptions)
         await bus.delete(CONV)  # as if Redis restarted empty...
         await _kill_connections(name)  # ...dropping the reader's connection
         await bus.append(CONV, [stored(4)])
