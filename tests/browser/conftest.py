@@ -1,7 +1,8 @@
 """Fixtures for the browser tests: Debian's Chromium driven by Playwright against a real uvicorn process.
 
-The service runs as ``python -m uvicorn app.main:create_app --factory`` with a temporary SQLite file
-and the built-in demo model; Chromium is the system one (no browser download ever happens).
+The service runs as ``python -m uvicorn app.main:create_app --factory`` with a temporary SQLite file,
+the built-in demo model and one API key, which every page but the key-prompt test already holds.
+Chromium is the system one (no browser download ever happens).
 """
 
 from __future__ import annotations
@@ -27,19 +28,9 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DEMO_DELAY_S = "0.05"
-"""Slow enough that a follow-up, a cancel or a reload lands while the run is still working."""
-
-
-def service_env(tmp: Path, **extra: str) -> dict[str, str]:
-    return {
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'agentstream.db'}",
-        "LLM_BASE_URL": "",
-        "REDIS_URL": "",
-        "API_KEYS": "",
-        "DEMO_DELAY_S": DEMO_DELAY_S,
-        **extra,
-    }
+DEMO_DELAY_S = "0.03"
+"""Slow enough that a follow-up, a cancel or a reload lands while the answer still streams."""
+API_KEY = "browser-test-key"
 
 
 @pytest.fixture(scope="session")
@@ -63,15 +54,30 @@ def browser(playwright_driver: Playwright) -> Iterator[Browser]:
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("browser-service")
-    server = ServerProcess(service_env(tmp)).start(tmp / "service.log")
+    env = {
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'agentstream.db'}",
+        "LLM_BASE_URL": "",
+        "REDIS_URL": "",
+        "API_KEYS": f"alice:{API_KEY}",
+        "DEMO_DELAY_S": DEMO_DELAY_S,
+    }
+    server = ServerProcess(env).start(tmp / "service.log")
     yield server
     server.stop()
 
 
-@pytest.fixture
-def context(browser: Browser) -> Iterator[BrowserContext]:
+def new_context(browser: Browser, api_key: str | None) -> BrowserContext:
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     context.set_default_timeout(20_000)
+    if api_key is not None:
+        context.add_init_script(f"localStorage.setItem('agentstream.apiKey', {api_key!r})")
+    return context
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    """A browser profile that already holds the service's API key."""
+    context = new_context(browser, API_KEY)
     yield context
     context.close()
 
@@ -87,4 +93,4 @@ def page(context: BrowserContext) -> Iterator[Page]:
 
 @pytest.fixture
 def chat(page: Page, service: ServerProcess) -> ChatPage:
-    return ChatPage(page, service.base_url)
+    return ChatPage(page, service.base_url, api_key=API_KEY)

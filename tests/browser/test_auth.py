@@ -3,53 +3,51 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
 from tests.browser.chat_page import ChatPage
-from tests.browser.conftest import service_env
+from tests.browser.conftest import API_KEY, new_context
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-KEY = "browser-test-key"
 
-
-@pytest.fixture(scope="module")
-def keyed_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp: Path = tmp_path_factory.mktemp("keyed-service")
-    server = ServerProcess(service_env(tmp, API_KEYS=f"alice:{KEY}")).start(tmp / "service.log")
-    yield server
-    server.stop()
+@pytest.fixture
+def keyless_page(browser: Browser) -> Iterator[Page]:
+    context = new_context(browser, api_key=None)
+    yield context.new_page()
+    context.close()
 
 
 def test_key_prompt_appears_on_401_and_the_saved_key_is_used_for_runs(
-    page: Page, keyed_service: ServerProcess
+    keyless_page: Page, service: ServerProcess
 ) -> None:
-    chat = ChatPage(page, keyed_service.base_url, api_key=KEY)
-    page.goto(f"{keyed_service.base_url}/")
+    page = keyless_page
+    chat = ChatPage(page, service.base_url, api_key=API_KEY)
+    page.goto(f"{service.base_url}/")
     dialog = page.get_by_test_id("api-key-dialog")
     expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("needs an API key")
 
     page.get_by_test_id("api-key-input").fill("wrong-key")
     page.get_by_test_id("api-key-save").click()
-    expect(dialog).to_be_visible()
     expect(dialog).to_contain_text("not accepted")
+    expect(dialog).to_be_visible()
 
-    page.get_by_test_id("api-key-input").fill(KEY)
+    page.get_by_test_id("api-key-input").fill(API_KEY)
     page.get_by_test_id("api-key-save").click()
     expect(dialog).to_be_hidden()
     expect(page.locator("body")).to_have_attribute("data-ready", "yes")
-    assert page.evaluate("localStorage.getItem('agentstream.apiKey')") == KEY
+    assert page.evaluate("localStorage.getItem('agentstream.apiKey')") == API_KEY
 
     run_id = chat.send("What is 2 + 2?")
     chat.wait_done("completed")
     chat.assert_shows_run_once(run_id)
 
-    # A reload keeps the key: no prompt this time.
+    # A reload keeps the key: no prompt this time, and the conversation is there.
     page.reload()
     expect(page.locator("body")).to_have_attribute("data-ready", "yes")
     expect(dialog).to_be_hidden()
-    expect(page.get_by_test_id("conversation-item")).to_have_count(1)
+    expect(page.locator(f"[data-testid=conversation-item][data-id='{chat.conversation_id}']")).to_be_visible()

@@ -6,7 +6,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from playwright.sync_api import BrowserContext, Route, expect
+from playwright.sync_api import BrowserContext, Page, Route, expect
 
 from tests.browser.chat_page import ChatPage
 
@@ -78,17 +78,34 @@ def test_cancel_stops_the_run_and_the_footer_says_cancelled(chat: ChatPage) -> N
     expect(chat.page.get_by_test_id("message-input")).to_be_visible()
 
 
+def stream_cursors(page: Page) -> list[list[str]]:
+    """The ``after`` values of every stream request the page makes from now on ([] for none)."""
+    cursors: list[list[str]] = []
+    page.on(
+        "request",
+        lambda request: (
+            cursors.append(parse_qs(urlparse(request.url).query).get("after", []))
+            if "/stream" in request.url
+            else None
+        ),
+    )
+    return cursors
+
+
 def test_reload_mid_run_resumes_without_showing_anything_twice(chat: ChatPage) -> None:
     chat.open()
-    run_id = chat.send(QUESTION)
+    run_id = chat.send(RICH_QUESTION)
     expect(chat.thinking_cards().first).to_be_visible()
     conversation_id = chat.conversation_id
+    cursors = stream_cursors(chat.page)
 
     chat.page.reload()
     expect(chat.page.locator("body")).to_have_attribute("data-ready", "yes")
     assert chat.conversation_id == conversation_id
     chat.wait_done("completed")
     chat.assert_shows_run_once(run_id)
+    # The reloaded page replayed its snapshot and asked only for what came after it.
+    assert cursors and cursors[0], cursors
 
 
 def test_reload_while_the_answer_streams_keeps_one_whole_answer(chat: ChatPage) -> None:
@@ -105,16 +122,18 @@ def test_second_tab_opened_mid_run_streams_the_run_from_its_start(
     chat: ChatPage, context: BrowserContext
 ) -> None:
     chat.open()
-    run_id = chat.send(QUESTION)
+    run_id = chat.send(RICH_QUESTION)
     expect(chat.thinking_cards().first).to_be_visible()
 
     # A new tab has no sessionStorage snapshot: it must stream the active run from its first event.
-    other = ChatPage(context.new_page(), chat.base_url)
+    other = ChatPage(context.new_page(), chat.base_url, api_key=chat.api_key)
+    cursors = stream_cursors(other.page)
     other.open(chat.conversation_id)
     other.wait_done("completed")
     chat.wait_done("completed")
     other.assert_shows_run_once(run_id)
     chat.assert_shows_run_once(run_id)
+    assert cursors and cursors[0] == [], cursors
 
 
 def test_dropped_stream_reconnects_after_the_last_event_id(chat: ChatPage) -> None:
