@@ -34,7 +34,14 @@ from app.engine.guards import CompletionChecklist, CycleDetector, ReflectionSche
 from app.engine.hooks import HookRegistry, ToolCallContext
 from app.engine.interrupts import InterruptQueue, merge_interrupts
 from app.engine.synthesis import TraceStep
-from app.llm.base import LLM, ChatMessage, ChatResult, LLMResponseError, LLMUnavailableError
+from app.llm.base import (
+    LLM,
+    ChatMessage,
+    ChatResult,
+    LLMRequestRejectedError,
+    LLMResponseError,
+    LLMUnavailableError,
+)
 from app.tools.registry import ToolRegistry, ToolResult
 
 logger = logging.getLogger(__name__)
@@ -194,6 +201,11 @@ class ToolLoop:
                 self.usage.llm_calls += exc.attempts
                 await self.sink(ThinkingDone(iteration, f"(LLM unavailable: {exc})"))
                 return self._outcome("", iteration, error=f"LLM unavailable: {exc}")
+            except LLMRequestRejectedError as exc:
+                # Sending the same request again would be refused again (bad key, unknown model...).
+                self.usage.llm_calls += exc.attempts
+                await self.sink(ThinkingDone(iteration, f"(LLM refused the request: {exc})"))
+                return self._outcome("", iteration, error=str(exc))
             except LLMResponseError as exc:
                 # A malformed reply is retried by the next iteration, which counts toward the limit.
                 self.usage.llm_calls += exc.attempts

@@ -113,6 +113,15 @@ class LLMResponseError(LLMError):
         self.attempts = attempts
 
 
+class LLMRequestRejectedError(LLMError):
+    """The provider refused the request itself (401, 403, 404, 400...): retrying cannot help."""
+
+    def __init__(self, message: str, *, status: int, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+
+
 @runtime_checkable
 class LLM(Protocol):
     """What the engine needs of a model. One instance serves every call of a run (E-02)."""

@@ -27,6 +27,7 @@ import openai
 from app.llm.base import (
     ChatMessage,
     ChatResult,
+    LLMRequestRejectedError,
     LLMResponseError,
     LLMUnavailableError,
     StreamEnd,
@@ -57,6 +58,8 @@ class _Failure:
     description: str
     retryable: bool
     retry_after_s: float | None = None
+    rejected_status: int | None = None
+    """Set when the provider refused the request with a non-retryable HTTP status."""
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
@@ -275,6 +278,12 @@ class OpenAICompatibleLLM:
 
     async def _after_failure(self, failure: _Failure, attempts: int, exc: Exception) -> None:
         """Raise if this failure ends the call; otherwise wait before the next attempt."""
+        if failure.rejected_status is not None:
+            raise LLMRequestRejectedError(
+                f"the LLM provider refused the request: {failure.description}",
+                status=failure.rejected_status,
+                attempts=attempts,
+            ) from exc
         if not failure.retryable:
             raise LLMResponseError(
                 f"the LLM reply is unusable: {failure.description}", attempts=attempts
@@ -307,7 +316,7 @@ class OpenAICompatibleLLM:
             detail = self._server_message(exc)
             description = f"HTTP {status}" + (f" ({detail})" if detail else "")
             retry_after = parse_retry_after(exc.response.headers) if retryable else None
-            return _Failure(description, retryable, retry_after)
+            return _Failure(description, retryable, retry_after, None if retryable else status)
         if isinstance(exc, (openai.APITimeoutError, TimeoutError, httpx.TimeoutException)):
             return _Failure(f"timed out after {self._timeout_s:g}s", retryable=True)
         if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):

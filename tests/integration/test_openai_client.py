@@ -18,6 +18,7 @@ import pytest
 
 from app.llm.base import (
     ChatMessage,
+    LLMRequestRejectedError,
     LLMResponseError,
     LLMUnavailableError,
     StreamEnd,
@@ -262,15 +263,16 @@ async def test_408_and_409_are_retried(status: int, server: FakeOpenAIServer, ma
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 422])
-async def test_other_4xx_is_a_response_error_and_not_retried(
+async def test_other_4xx_is_a_rejection_and_not_retried(
     status: int, server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
 ) -> None:
     server.script(FakeReply.error(status))
 
-    with pytest.raises(LLMResponseError) as caught:
+    with pytest.raises(LLMRequestRejectedError) as caught:
         await make_llm().chat(QUESTION)
 
     assert str(status) in str(caught.value)
+    assert caught.value.status == status
     assert caught.value.attempts == 1
     assert sleep.delays == []
 
@@ -356,7 +358,7 @@ async def test_the_api_key_never_appears_in_error_messages(server: FakeOpenAISer
     server.script(FakeReply.error(401, body=echoed), *[FakeReply.error(500, body=echoed) for _ in range(2)])
     llm = make_llm(max_retries=1)
 
-    with pytest.raises(LLMResponseError) as auth_error:
+    with pytest.raises(LLMRequestRejectedError) as auth_error:
         await llm.chat(QUESTION)
     with pytest.raises(LLMUnavailableError) as unavailable:
         await llm.chat(QUESTION)
@@ -444,10 +446,10 @@ async def test_stream_stalling_past_the_timeout_before_any_token_is_retried(
     assert isinstance(items[-1], StreamEnd) and items[-1].attempts == 2
 
 
-async def test_stream_with_a_4xx_is_a_response_error(server: FakeOpenAIServer, make_llm: Any) -> None:
+async def test_stream_with_a_4xx_is_a_rejection(server: FakeOpenAIServer, make_llm: Any) -> None:
     server.script(FakeReply.error(400))
 
-    with pytest.raises(LLMResponseError):
+    with pytest.raises(LLMRequestRejectedError):
         await collect(make_llm().stream_chat(QUESTION))
 
 

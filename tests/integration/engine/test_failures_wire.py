@@ -138,17 +138,19 @@ async def test_three_unusable_replies_in_a_row_fail_the_run(
     assert log.done.usage["llm_calls"] == 3
 
 
-async def test_401_echoing_the_key_fails_the_run_without_the_key_in_the_reason(
+async def test_401_echoing_the_key_fails_the_run_at_once_without_the_key_in_the_reason(
     fake_server: FakeOpenAIServer, make_llm: MakeLLM, retry_sleep: RecordingSleep
 ) -> None:
     refused = {"error": {"message": f"Incorrect API key provided: {API_KEY}.", "code": "invalid_api_key"}}
-    fake_server.script(*(FakeReply.error(401, body=refused) for _ in range(3)))
+    fake_server.script(FakeReply.error(401, body=refused))
     log = EventLog()
 
     await make_agent(make_llm(), registry(echo_tool())).run("Hello?", sink=log)
 
     assert log.done.status == "failed"
     assert log.done.error is not None and "HTTP 401" in log.done.error
+    assert "refused" in log.done.error
+    assert log.done.usage["llm_calls"] == 1  # sending the refused request again cannot help
     assert API_KEY not in log.wire_text()
     assert retry_sleep.delays == []  # a refused key is not a transport hiccup worth waiting for
     assert fake_server.received[0].headers["authorization"] == f"Bearer {API_KEY}"
