@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -315,17 +315,21 @@ class RedisEventBus:
         self.block_ms = block_ms
         self.follower_buffer = follower_buffer
         self.reconnect_s = reconnect_s
-        # No hidden retries in the client: callers own retry policy (the publisher keeps order,
-        # follow() re-checks for lost entries), and a retried pipeline could double-append.
-        common: dict[str, Any] = {
-            "decode_responses": True,
-            "protocol": 2,
-            "retry": Retry(NoBackoff(), 0),
-            "socket_connect_timeout": socket_timeout_s,
-            "client_name": client_name,
-        }
-        self.redis: Redis = Redis.from_url(
-            url, socket_timeout=socket_timeout_s, max_connections=10_000, **common
+        # Replays, probes and expiry go through redis-py. No hidden retries: callers own the retry
+        # policy (follow() re-checks for lost entries after an outage). A bounded pool that waits
+        # for a free connection, so a burst of reconnecting clients cannot open hundreds.
+        self.redis: Redis = Redis.from_pool(
+            BlockingConnectionPool.from_url(
+                url,
+                max_connections=64,
+                timeout=socket_timeout_s,
+                decode_responses=True,
+                protocol=2,
+                retry=Retry(NoBackoff(), 0),
+                socket_timeout=socket_timeout_s,
+                socket_connect_timeout=socket_timeout_s,
+                client_name=client_name,
+            )
         )
         # The hot paths each own a bare connection: the blocking reader (which holds it for up to
         # block_ms at a time, so it never starves anyone) and the writer.

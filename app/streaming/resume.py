@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -35,12 +36,18 @@ async def stream_events(
     after: str,
     *,
     outage_poll_s: float = 1.0,
+    seam_wait_s: float = 0.0,
 ) -> AsyncIterator[StoredEvent]:
     """Every event of the conversation with id > ``after``, in order, once; ends after ``done``.
 
     While the bus is unreachable, events are served from the database, polled every
     ``outage_poll_s``. Ends quietly when the bus is closed (the worker is shutting down): the
     client reconnects with its cursor.
+
+    ``seam_wait_s``: when the bus starts later than the cursor, how long to wait for the database
+    to catch up with the bus's first event before trusting that nothing lies in between. The
+    database lags the bus by a batch interval, so without a wait a reconnect right after Redis
+    lost events could skip those the database has not written yet.
     """
     last = after
     attempt = 0
@@ -69,7 +76,8 @@ async def stream_events(
                 if not continuous:
                     # The bus starts later than `last`: check the seam against the database once.
                     first = await anext(follow)
-                    if await _store_has_between(store, conversation_id, last, parse_cursor(first.id)):
+                    first_key = parse_cursor(first.id)
+                    if await _store_has_between(store, conversation_id, last, first_key, seam_wait_s):
                         continue  # the bus skipped events the database has: look again
                     yield first
                     last = first.id
@@ -135,7 +143,22 @@ async def _bus_continues(
 
 
 async def _store_has_between(
-    store: EventStoreReader, conversation_id: str, last: str, key: tuple[int, int]
+    store: EventStoreReader, conversation_id: str, last: str, key: tuple[int, int], wait_s: float
 ) -> bool:
-    stored = await store.read_after(conversation_id, last, 1)
-    return bool(stored) and parse_cursor(stored[0].id) < key
+    """Whether the database holds an event after ``last`` and before the bus's ``key``.
+
+    The publisher queues every event for the database before it sends it to the bus, and the
+    database stores them in order: once it holds anything after ``last``, its first such event
+    settles the question. Until then wait up to ``wait_s`` (a database that stopped storing must
+    not stall the stream forever).
+    """
+    deadline = time.monotonic() + wait_s
+    pause = 0.005
+    while True:
+        stored = await store.read_after(conversation_id, last, 1)
+        if stored:
+            return parse_cursor(stored[0].id) < key
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
