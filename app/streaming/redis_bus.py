@@ -295,7 +295,8 @@ class RedisEventBus:
     ``follower_buffer`` bounds, in events, what one follower may have pending before it is sent
     back to catch up by id; ``reconnect_s`` is how long ``follow()`` retries an unreachable Redis
     before it raises ``BusUnavailableError``; ``client_name`` names its connections in
-    ``CLIENT LIST``.
+    ``CLIENT LIST``; ``pool_size`` caps the connections for replays and probes (callers wait for a
+    free one), so the process holds at most ``pool_size + 2`` connections however many clients.
     """
 
     def __init__(
@@ -309,6 +310,7 @@ class RedisEventBus:
         reconnect_s: float = 10.0,
         socket_timeout_s: float = 5.0,
         client_name: str | None = "agentstream-bus",
+        pool_size: int = 16,
     ) -> None:
         self.prefix = prefix
         self.maxlen = maxlen
@@ -321,7 +323,7 @@ class RedisEventBus:
         self.redis: Redis = Redis.from_pool(
             BlockingConnectionPool.from_url(
                 url,
-                max_connections=64,
+                max_connections=pool_size,
                 timeout=socket_timeout_s,
                 decode_responses=True,
                 protocol=2,

@@ -292,19 +292,51 @@ async def test_redis_a_new_append_cancels_a_pending_expiry(
 
 
 @pytest.mark.redis
-async def test_redis_one_reader_per_conversation_whatever_the_number_of_followers(
-    redis_bus: RedisEventBus,
+async def test_redis_followers_of_many_conversations_share_one_blocking_connection(redis_prefix: str) -> None:
+    name = f"bus-{secrets.token_hex(4)}"
+    bus = RedisEventBus(REDIS_URL, redis_prefix, block_ms=200, client_name=name, pool_size=4)
+    try:
+        convs = [f"conv_{i}" for i in range(10)]
+        readers = [asyncio.create_task(collect(bus, "0-0", 2, conv=c)) for c in convs for _ in range(5)]
+        await wait_until(lambda: sum(len(s.followers) for s in bus.subscriptions.values()) == 50)
+        assert sorted(bus.subscriptions) == sorted(convs)
+        for conv in convs:
+            await bus.append(conv, [stored(1), stored(2)])
+        results = await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert all(r == [stored(1), stored(2)] for r in results)
+        # 50 followers: the blocking reader, the writer, and the small pool for replays.
+        assert await _count_connections(name) <= 4 + 2
+        await wait_until(lambda: not bus.subscriptions)  # unsubscribed as the followers left
+    finally:
+        await bus.close()
+
+
+@pytest.mark.redis
+async def test_redis_a_new_conversation_is_read_at_once_even_while_the_reader_blocks(
+    redis_prefix: str,
 ) -> None:
-    readers = [asyncio.create_task(collect(redis_bus, "0-0", 3)) for _ in range(25)]
-    await wait_until(
-        lambda: CONV in redis_bus.subscriptions and len(redis_bus.subscriptions[CONV].followers) == 25
-    )
-    assert len(redis_bus.subscriptions) == 1
-    await redis_bus.append(CONV, [stored(1), stored(2), stored(3)])
-    results = await asyncio.wait_for(asyncio.gather(*readers), 10)
-    assert all(r == [stored(1), stored(2), stored(3)] for r in results)
-    # The last follower gone, the reader stops after its current blocking read.
-    await wait_until(lambda: not redis_bus.subscriptions)
+    bus = RedisEventBus(REDIS_URL, redis_prefix, block_ms=30_000)
+    try:
+        first = asyncio.create_task(collect(bus, "0-0", 1, conv="conv_a"))
+        await wait_until(lambda: "conv_a" in bus.subscriptions)
+        await asyncio.sleep(0.05)  # the reader is now blocked in XREAD on conv_a alone
+        second = asyncio.create_task(collect(bus, "0-0", 1, conv="conv_b"))
+        await wait_until(lambda: "conv_b" in bus.subscriptions)
+        await bus.append("conv_b", [stored(1)])
+        # Far sooner than the 30 s block: CLIENT UNBLOCK made the reader include conv_b.
+        assert await asyncio.wait_for(second, 5) == [stored(1)]
+        await bus.append("conv_a", [stored(2)])
+        assert await asyncio.wait_for(first, 5) == [stored(2)]
+    finally:
+        await bus.close()
+
+
+async def _count_connections(name: str) -> int:
+    admin = Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        return sum(1 for c in await admin.client_list() if c.get("name") == name)
+    finally:
+        await admin.aclose()
 
 
 @pytest.mark.redis
