@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -18,7 +19,7 @@ RICH_QUESTION = "What is 17 * 23 + 4? Convert 10 km to miles. Write a report abo
 """Three tool calls, one of them making a Markdown artifact, and a longer answer."""
 
 
-def test_run_shows_tool_cards_streamed_answer_and_done_footer(chat: ChatPage) -> None:
+def test_run_shows_tool_cards_streamed_answer_and_done_footer(chat: ChatPage, tmp_path: Path) -> None:
     chat.open()
     run_id = chat.send(RICH_QUESTION)
     footer = chat.wait_done("completed")
@@ -45,7 +46,10 @@ def test_run_shows_tool_cards_streamed_answer_and_done_footer(chat: ChatPage) ->
     expect(report.get_by_test_id("artifact").locator("h1")).to_be_visible()
     chat.page.set_viewport_size({"width": 1280, "height": 1180})
     chat.page.get_by_test_id("messages").evaluate("(box) => { box.scrollTop = box.scrollHeight; }")
-    chat.page.screenshot(path=str(ROOT / "docs" / "screenshot.png"))
+    # The README's picture is refreshed on demand (UPDATE_SCREENSHOT=1), so a test run leaves the tree clean.
+    target = ROOT / "docs" / "screenshot.png" if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "run.png"
+    chat.page.screenshot(path=str(target))
+    assert target.stat().st_size > 10_000
 
 
 def test_follow_up_sent_while_the_agent_works_shows_up_in_the_run(chat: ChatPage) -> None:

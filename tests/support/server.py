@@ -97,7 +97,6 @@ class ServerProcess:
         self.env = {**os.environ, **env}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
-        self._log_file: Any = None
 
     def start(self, log_path: Path) -> ServerProcess:
         self.log_path = log_path
@@ -123,25 +122,16 @@ class ServerProcess:
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
-    def _close_log(self) -> None:
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
-        self._close_log()
 
     def terminate(self, timeout: float = 30) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self._close_log()
+        return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -150,7 +140,6 @@ class ServerProcess:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
-        self._close_log()
 
 
 @contextmanager
