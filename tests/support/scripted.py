@@ -42,8 +42,12 @@ class StreamScript:
 Reply = ChatResult | Exception | StreamScript | Callable[[list[ChatMessage], dict[str, Any]], Any]
 
 
-def text(content: str, *, reasoning_content: str | None = None, usage: TokenUsage | None = None) -> ChatResult:
-    return ChatResult(content=content, reasoning_content=reasoning_content, usage=usage or TokenUsage(10, 5, 15))
+def text(
+    content: str, *, reasoning_content: str | None = None, usage: TokenUsage | None = None
+) -> ChatResult:
+    return ChatResult(
+        content=content, reasoning_content=reasoning_content, usage=usage or TokenUsage(10, 5, 15)
+    )
 
 
 def json_reply(obj: Mapping[str, Any], **kw: Any) -> ChatResult:
@@ -51,7 +55,9 @@ def json_reply(obj: Mapping[str, Any], **kw: Any) -> ChatResult:
 
 
 def json_tool(name: str, args: Mapping[str, Any], reasoning: str = "") -> ChatResult:
-    return json_reply({"type": "tool_call", "tool_name": name, "tool_args": dict(args), "reasoning": reasoning})
+    return json_reply(
+        {"type": "tool_call", "tool_name": name, "tool_args": dict(args), "reasoning": reasoning}
+    )
 
 
 def json_final(answer: str, reasoning: str = "") -> ChatResult:
@@ -59,8 +65,13 @@ def json_final(answer: str, reasoning: str = "") -> ChatResult:
 
 
 def native_tools(*calls: tuple[str, Mapping[str, Any]], content: str | None = None) -> ChatResult:
-    tcs = tuple(ToolCall(id=f"call_{i}_{name}", name=name, arguments=json.dumps(dict(args))) for i, (name, args) in enumerate(calls))
-    return ChatResult(content=content, tool_calls=tcs, usage=TokenUsage(10, 5, 15), finish_reason="tool_calls")
+    tcs = tuple(
+        ToolCall(id=f"call_{i}_{name}", name=name, arguments=json.dumps(dict(args)))
+        for i, (name, args) in enumerate(calls)
+    )
+    return ChatResult(
+        content=content, tool_calls=tcs, usage=TokenUsage(10, 5, 15), finish_reason="tool_calls"
+    )
 
 
 class ScriptedLLM:
@@ -87,7 +98,9 @@ class ScriptedLLM:
     def _next(self, kind: str, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Reply:
         self.calls.append(RecordedCall(kind, list(messages), kwargs))
         if not self._replies:
-            raise AssertionError(f"ScriptedLLM called more times than scripted (call #{len(self.calls)}, {kind})")
+            raise AssertionError(
+                f"ScriptedLLM called more times than scripted (call #{len(self.calls)}, {kind})"
+            )
         reply = self._replies.pop(0)
         if callable(reply) and not isinstance(reply, (ChatResult, StreamScript, Exception)):
             reply = reply(list(messages), kwargs)

@@ -33,7 +33,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
@@ -49,8 +51,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 
 
 async def async_wait_until(
-    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+    predicate: Callable[[], Any], within: float = 10.0, interval: float = 0.02, what: str = ""
 ) -> Any:
+    """``wait_until`` for async tests; ``predicate`` may return an awaitable."""
+    timeout = within
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -69,7 +73,9 @@ class ServerThread:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self.server.run, daemon=True)
@@ -103,8 +109,19 @@ class ServerProcess:
         # The child keeps its own copy of the descriptor; closing ours avoids a ResourceWarning.
         with log_path.open("wb") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--log-level", "warning"],
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "app.main:create_app",
+                    "--factory",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "warning",
+                ],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log_file,

@@ -7,7 +7,9 @@ import os
 import pytest
 
 REDIS_URL = os.environ.get("AGENTSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")
-POSTGRES_SERVER_URL = os.environ.get("AGENTSTREAM_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
+POSTGRES_SERVER_URL = os.environ.get(
+    "AGENTSTREAM_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432"
+).rstrip("/")
 
 
 def unavailable(what: str) -> None:
