@@ -119,6 +119,7 @@ class RunPublisher:
         self._sending = False
         self._to_store: list[StoredEvent] = []
         self._saving = False
+        self._stored_any = False
         self._bus_wake = asyncio.Event()
         self._store_wake = asyncio.Event()
         self._store_timer: asyncio.Future[None] | None = None
@@ -195,15 +196,14 @@ class RunPublisher:
                         await task
                     except asyncio.CancelledError:
                         pass
-        if self._done_published and not self._bus_given_up:
-            try:
-                await self._bus.expire(self.conversation_id, int(self._retention_s))
-            except Exception:
-                log.warning(
-                    "could not set the stream's expiry",
-                    extra=self._context,
-                    exc_info=True,
-                )
+            if self._done_published and not self._bus_given_up:
+                await self._start_retention()
+
+    async def _start_retention(self) -> None:
+        try:
+            await self._bus.expire(self.conversation_id, int(self._retention_s))
+        except Exception:
+            log.warning("could not set the stream's expiry", extra=self._context, exc_info=True)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -222,7 +222,9 @@ class RunPublisher:
     def _encode(self, event: EngineEvent) -> str:
         data = event.data()
         data["run_id"] = self.run_id
-        return orjson.dumps(data).decode()
+        # A tool may hand back arguments JSON cannot hold (sets, objects): show them as text
+        # rather than fail the run.
+        return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
     def _queue(self, item: StoredEvent | _PendingDelta) -> None:
         if not self._pending:
@@ -261,6 +263,18 @@ class RunPublisher:
             self._store_timer.set_result(None)
 
     async def _send_loop(self) -> None:
+        try:
+            await self._send_forever()
+        except Exception:
+            # Never leave flush() waiting on a dead loop; the store still gets what it can.
+            log.exception(
+                "event publisher crashed; the bus gets nothing more from this run", extra=self._context
+            )
+            self._bus_given_up = True
+            self._sending = False
+            self._notify()
+
+    async def _send_forever(self) -> None:
         while True:
             if not self._pending:
                 self._bus_wake.clear()
@@ -328,13 +342,24 @@ class RunPublisher:
             return
 
     async def _store_loop(self) -> None:
+        try:
+            await self._store_forever()
+        except Exception as exc:
+            log.exception("event persister crashed", extra=self._context)
+            self._store_error = EventPersistError(f"event persister of run {self.run_id} crashed: {exc!r}")
+            self._saving = False
+            self._notify()
+
+    async def _store_forever(self) -> None:
         while True:
             if not self._to_store:
                 self._store_wake.clear()
                 await self._store_wake.wait()
                 continue
-            if self._store_interval_s and not self._urgent:
+            if self._store_interval_s and not self._urgent and self._stored_any:
                 # Let a larger batch build up: database writes cost far more than Redis appends.
+                # Not for the run's first events: a reader whose cursor the bus does not hold
+                # waits for the database to reach the bus's first event (app.streaming.resume).
                 # flush() and done end the wait early.
                 loop = asyncio.get_running_loop()
                 timer = self._store_timer = loop.create_future()
@@ -349,6 +374,7 @@ class RunPublisher:
                 await self._save(self._to_store[: self._store_batch])
             finally:
                 self._saving = False
+                self._stored_any = True
             self._notify()
 
     async def _save(self, batch: list[StoredEvent]) -> None:

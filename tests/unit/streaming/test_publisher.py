@@ -8,7 +8,14 @@ import itertools
 import orjson
 import pytest
 
-from app.engine.events import AnswerDelta, AnswerStarted, IterationDone, RunDone, ThinkingStarted
+from app.engine.events import (
+    AnswerDelta,
+    AnswerStarted,
+    IterationDone,
+    IterationStarted,
+    RunDone,
+    ThinkingStarted,
+)
 from app.streaming.bus import StoredEvent, parse_cursor
 from app.streaming.publisher import EventPersistError, PublisherClosedError, RunPublisher
 from tests.unit.streaming.doubles import MemoryStore, ScriptedBus, wait_until
@@ -168,6 +175,7 @@ async def test_close_raises_when_the_store_stays_down_past_its_retry_budget() ->
     with pytest.raises(EventPersistError):
         await pub.close()
     assert (await bus.last_id(CONV)) is not None  # the bus still got the done event
+    assert bus.expired == [(CONV, 600)]  # and the stream still expires
 
 
 async def test_bus_outage_is_retried_in_order_and_a_half_applied_batch_is_not_duplicated() -> None:
@@ -224,6 +232,15 @@ async def test_flush_waits_for_bus_and_store_without_ending_the_run() -> None:
     await pub.close()
     assert len(store.all(CONV)) == 2
     assert bus.expired == []  # no done, no retention clock
+
+
+async def test_arguments_json_cannot_hold_are_shown_as_text_not_a_crash() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store)
+    stored = await pub.publish(IterationStarted(iteration=1, tool_name="t", tool_args={"s": {1}, 2: "two"}))
+    await pub.close()
+    assert stored is not None
+    assert orjson.loads(stored.data)["tool_args"] == {"s": "{1}", "2": "two"}
 
 
 async def test_publish_after_close_is_refused() -> None:
