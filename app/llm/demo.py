@@ -383,11 +383,17 @@ class DemoLLM:
         tools_hint: Iterable[str] | None = None,
         delay_s: float = 0.02,
         *,
+        think_s: float = 0.0,
         abilities: Mapping[str, bool] | None = None,
     ) -> None:
-        """``tools_hint``: the tool names to plan with when a call does not say which exist."""
+        """``tools_hint``: the tool names to plan with when a call does not say which exist.
+
+        ``delay_s`` paces the streamed words; ``think_s`` is how long each non-streaming call takes,
+        so that a person watching (or a follow-up they send) sees the loop at work.
+        """
         self._tools_hint = set(tools_hint) if tools_hint is not None else None
         self._delay_s = max(0.0, delay_s)
+        self._think_s = max(0.0, think_s)
         self._abilities = dict(abilities or {"tool_call": True, "json_mode": True, "streaming": True})
 
     @property
@@ -409,6 +415,8 @@ class DemoLLM:
         tool_choice: str | Mapping[str, Any] | None = None,
         response_format: Mapping[str, Any] | None = None,
     ) -> ChatResult:
+        if self._think_s > 0:
+            await asyncio.sleep(self._think_s)
         system = _system_text(messages)
         forced = _forced_name(tool_choice)
         if forced is not None:

@@ -14,7 +14,9 @@ from app.settings import Settings
 
 def build_llm(settings: Settings) -> LLM:
     if settings.llm_base_url is None:
-        return DemoLLM(delay_s=settings.demo_delay_s)
+        # The demo "thinks" for a while before each loop step, in proportion to its typing speed,
+        # so that steps appear one by one and a follow-up can arrive while the loop still works.
+        return DemoLLM(delay_s=settings.demo_delay_s, think_s=settings.demo_delay_s * 15)
     api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
     return OpenAICompatibleLLM(
         base_url=settings.llm_base_url,
