@@ -23,6 +23,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # A client that stops reading for this long is dropped, so its buffers cannot grow without bound;
 # it reconnects with its cursor and loses nothing.
 SEND_TIMEOUT_S = 60.0
+# Where the bus starts after a client's cursor (Redis lost events, or a new stream), how long to
+# wait for the database to catch up before trusting that nothing lies in between.
+SEAM_WAIT_S = 5.0
 
 
 def _ping() -> ServerSentEvent:
@@ -32,7 +35,9 @@ def _ping() -> ServerSentEvent:
 async def _encoded(services: Services, conversation_id: str, after: str) -> AsyncIterator[bytes]:
     services.metrics.active_streams.inc()
     try:
-        async for event in stream_events(services.bus, services.events, conversation_id, after):
+        async for event in stream_events(
+            services.bus, services.events, conversation_id, after, seam_wait_s=SEAM_WAIT_S
+        ):
             yield encode_event(event)
     finally:
         services.metrics.active_streams.dec()
