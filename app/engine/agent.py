@@ -93,9 +93,12 @@ class ReActAgent:
         interrupts: InterruptQueue | None = None,
         run_id: str = "",
         conversation_id: str = "",
+        usage: Usage | None = None,
     ) -> AgentResult:
+        """Run the loop and synthesis; ``usage``, when given, is added to as calls complete, so a
+        caller that cancels the run still knows what the calls made so far cost."""
         started = time.monotonic()
-        usage = Usage()
+        usage = usage if usage is not None else Usage()
         kept: list[ChatMessage] = []
         try:
             result = await self._run(

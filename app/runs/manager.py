@@ -52,6 +52,8 @@ class _ActiveRun:
     cancel_reason: CancelReason | None = None
     iterations: int = 0
     started: float = field(default_factory=time.monotonic)
+    usage: Usage = field(default_factory=Usage)
+    """Filled by the engine as calls complete; what a cancelled run reports."""
 
 
 def later_cursor(a: str | None, b: str | None) -> str:
@@ -283,6 +285,7 @@ class RunManager:
                 interrupts=queue,
                 run_id=active.run_id,
                 conversation_id=active.conversation_id,
+                usage=active.usage,
             )
             status = result.status
             error = result.error
@@ -343,7 +346,7 @@ class RunManager:
             done = RunDone(
                 answer=result.answer if result is not None else "",
                 iterations=result.iterations if result is not None else active.iterations,
-                usage=result.usage.as_dict() if result is not None else Usage().as_dict(),
+                usage=result.usage.as_dict() if result is not None else active.usage.as_dict(),
                 elapsed=time.monotonic() - active.started,
                 status=status,  # type: ignore[arg-type]
                 error=error,
