@@ -1,0 +1,1 @@
+"""Benchmarks of AgentStream against its peers; see bench/README.md."""
