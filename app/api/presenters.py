@@ -47,7 +47,8 @@ def run_out(run: RunRecord) -> RunOut:
         answer=run.answer,
         iterations=run.iterations,
         usage=usage,
-        elapsed=run.elapsed,
+        # Rounded like the done event's ``elapsed``, so that the record and the stream agree.
+        elapsed=round(run.elapsed, 4) if run.elapsed is not None else None,
         error=run.error,
         created_at=iso(run.created_at) or "",
         finished_at=iso(run.finished_at),

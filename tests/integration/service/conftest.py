@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import secrets
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -283,6 +285,52 @@ def service(migrated_database_url: str, bus: str) -> Iterator[ServiceFactory]:
             svc.stop()
         for prefix in prefixes:
             _delete_keys(prefix)
+
+
+@pytest.fixture(scope="module")
+def shared_service(
+    sqlite_migrated_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """One service per module (SQLite, in-process bus, demo model, keys of alice and bob).
+
+    For the many small tests that need no server of their own: they make their own conversations
+    and compare what they can see before and after, never assume an empty database.
+    """
+    path = tmp_path_factory.mktemp("shared-service") / "agentstream.db"
+    shutil.copyfile(sqlite_migrated_template, path)
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        database_url=f"sqlite+aiosqlite:///{path}",
+        redis_url=None,
+        api_keys=KEYS,
+        llm_base_url=None,
+        demo_delay_s=0,
+        shutdown_grace_s=0,
+        log_level="WARNING",
+    )
+    svc = Service(ServerThread(settings).start(), settings, None)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture
+def alice(shared_service: Service) -> Iterator[Api]:
+    api = Api(shared_service.base_url, ALICE_KEY)
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def bob(shared_service: Service) -> Iterator[Api]:
+    api = Api(shared_service.base_url, BOB_KEY)
+    try:
+        yield api
+    finally:
+        api.close()
 
 
 @pytest.fixture
