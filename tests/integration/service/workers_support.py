@@ -15,9 +15,10 @@ Named apart from the fixtures of this folder's conftest.py, which the API tests 
 from __future__ import annotations
 
 import secrets
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +55,7 @@ class GatedAgent:
     a test can see what the engine sent (an interrupt's text, for instance).
     """
 
-    def __init__(self, tokens: int = 40, delay_s: float = 0.0) -> None:
+    def __init__(self, tokens: Sequence[str] | int = 40, delay_s: float = 0.0) -> None:
         self.inner = EchoAgentBehaviour(tokens, delay_s=delay_s)
         self.gate = threading.Event()
         self.gate.set()
@@ -224,9 +225,15 @@ def workers_running(envs: list[dict[str, str]], tmp_path: Path) -> Iterator[list
 class Api:
     """A sync client of one service over a real socket."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, receive_buffer: int | None = None) -> None:
+        """``receive_buffer``: SO_RCVBUF of its sockets in bytes, to play a client that reads slowly."""
         self.base_url = base_url
-        self.http = httpx.Client(base_url=base_url, timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S))
+        options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)] if receive_buffer else None
+        self.http = httpx.Client(
+            base_url=base_url,
+            timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
+            transport=httpx.HTTPTransport(socket_options=options),
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -296,11 +303,11 @@ class Api:
 
 
 @pytest.fixture(name="clients")
-def clients_fixture() -> Iterator[Callable[[str], Api]]:
+def clients_fixture() -> Iterator[Callable[..., Api]]:
     made: list[Api] = []
 
-    def make(base_url: str) -> Api:
-        api = Api(base_url)
+    def make(base_url: str, **options: Any) -> Api:
+        api = Api(base_url, **options)
         made.append(api)
         return api
 
