@@ -124,6 +124,7 @@ class RunPublisher:
         self._store_wake = asyncio.Event()
         self._store_timer: asyncio.Future[None] | None = None
         self._flush_waiters: list[asyncio.Future[None]] = []
+        self._store_waiters: list[asyncio.Future[None]] = []
         self._last_delta_at = 0.0
         self._urgent = False
         self._closing = False
@@ -252,11 +253,24 @@ class RunPublisher:
         return bus_idle and store_idle
 
     def _notify(self) -> None:
+        if self._store_waiters and (
+            (not self._to_store and not self._saving) or self._store_error is not None
+        ):
+            store_waiters, self._store_waiters = self._store_waiters, []
+            for waiter in store_waiters:
+                _resolve(waiter)
         if self._flush_waiters and self._flushed():
             waiters, self._flush_waiters = self._flush_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    async def _store_caught_up(self) -> None:
+        """Wait until the store has saved everything queued for it (or has failed for good)."""
+        while (self._to_store or self._saving) and self._store_error is None:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._store_waiters.append(waiter)
+            await waiter
 
     def _end_store_wait(self) -> None:
         if self._store_timer is not None and not self._store_timer.done():
@@ -291,6 +305,10 @@ class RunPublisher:
             if self._store_error is None:
                 self._to_store.extend(batch)
                 self._store_wake.set()
+                if any(event.is_done for event in batch):
+                    # A client that sees done may read the run's events from the database next
+                    # (GET /api/runs/{id}/events): they must all be there by then.
+                    await self._store_caught_up()
             try:
                 if not self._bus_given_up:
                     await self._send(batch)

@@ -286,3 +286,12 @@ def test_done_usage_adds_up_what_the_provider_reported_for_every_call(
     expected = {"prompt_tokens": 619, "completion_tokens": 37, "total_tokens": 656, "llm_calls": 3}
     assert outcome.done["usage"] == expected
     assert api.get_run(outcome.run_id)["usage"] == expected
+
+
+def test_every_event_is_in_the_run_events_as_soon_as_done_arrives(alice: Api) -> None:
+    # A client that saw done reads the durable log next; nothing of the run may still be on its way.
+    conv = alice.create_conversation()
+    for i in range(8):
+        outcome = alice.run(conv["id"], f"What is {i}+{i}?")
+        stored = alice.run_events(outcome.run_id)
+        assert stored == [{"id": e.id, "event": e.event, "data": e.data} for e in outcome.events], i
