@@ -111,6 +111,15 @@ async def stream(
     return sse_response(services, conv.id, cursor)
 
 
+def title_from(message: str) -> str:
+    """A new chat's title: its first line with text, on one line without control characters."""
+    for line in message.splitlines():
+        title = " ".join("".join(c if c.isprintable() else " " for c in line).split())
+        if title:
+            return title[:80]
+    return "Chat"
+
+
 @router.post(
     "/api/chat",
     responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
@@ -120,6 +129,6 @@ async def chat(body: ChatRequest, services: ServicesDep, owner: OwnerDep) -> Eve
     if body.conversation_id:
         conv = await owned_conversation(services, owner, body.conversation_id)
     else:
-        conv = await services.conversations.create(owner, body.message.splitlines()[0][:80] or "Chat", {})
+        conv = await services.conversations.create(owner, title_from(body.message), {})
     run = await services.manager.start_run(conv, body.message)
     return sse_response(services, conv.id, run.start_cursor)

@@ -80,3 +80,11 @@ def test_chat_in_a_conversation_with_an_active_run_is_409(
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "run_active"
     assert api.stream(conv["id"])[-1].data["status"] == "completed"
+
+
+def test_chat_titles_the_new_conversation_with_the_first_line_that_has_text(alice: Api) -> None:
+    events = chat(alice, {"message": "\n   \n\tWhat\x01 is 5+5?  \nShow the steps."})
+
+    conversation = alice.conversation(alice.get_run(events[-1].data["run_id"])["conversation_id"])
+
+    assert conversation["title"] == "What is 5+5?"
