@@ -188,6 +188,15 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
 
 
+def _start_failure(config: StdioServerConfig | HttpServerConfig, exc: BaseException) -> str:
+    cause = _root_cause(exc)
+    if isinstance(cause, TimeoutError):
+        return f"no answer within {config.connect_timeout_s:g}s"
+    if isinstance(config, StdioServerConfig) and isinstance(cause, OSError):
+        return f"cannot run {config.command!r}: {cause.strerror or cause}"
+    return _describe_error(cause)
+
+
 def _child_errlog() -> TextIO:
     # The child's stderr needs a real file descriptor; under some test runners sys.stderr has none.
     try:
@@ -353,11 +362,7 @@ class MCPToolset:
         connected: list[MCPConnection] = []
         for connection, outcome in zip(candidates, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                reason = (
-                    f"no answer within {connection.config.connect_timeout_s:g}s"
-                    if isinstance(_root_cause(outcome), TimeoutError)
-                    else _describe_error(outcome)
-                )
+                reason = _start_failure(connection.config, outcome)
                 log.error(
                     "MCP server could not be started or reached; continuing without its tools",
                     extra={"mcp_server": connection.name, "error": reason},
