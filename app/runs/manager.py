@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -142,7 +142,14 @@ class RunManager:
             bus_last = await self.bus.last_id(conversation_id)
         return later_cursor(bus_last, await self.events.last_id(conversation_id))
 
-    async def start_run(self, conversation: ConversationRecord, message: str) -> RunRecord:
+    async def start_run(
+        self, conversation: ConversationRecord, message: str, *, prior: Sequence[ChatMessage] = ()
+    ) -> RunRecord:
+        """Start a run on ``message`` in the background; the conversation's messages are its history.
+
+        ``prior`` are earlier turns that came with the question (the OpenAI-compatible route sends
+        a whole chat): they are stored in the conversation before it, so they are this run's history.
+        """
         if not self._accepting:
             raise ShuttingDownError("this worker is shutting down; retry on another worker")
         conv_id = conversation.id
@@ -158,6 +165,8 @@ class RunManager:
             )
         except RunActiveError as exc:
             raise RunActiveConflict("a run is already active in this conversation") from exc
+        if prior:
+            await self.conversations.add_messages(conv_id, None, list(prior))
         history = await self.conversations.history(conv_id)
         await self.conversations.add_messages(conv_id, run.id, [ChatMessage(role="user", content=message)])
         await self.conversations.touch(conv_id)
