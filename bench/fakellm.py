@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import signal
 import sys
 import time
@@ -77,11 +78,12 @@ def tool_call_reply(tool: str, n: int) -> FakeReply:
 class TimedStream:
     """Marker reply: stream ``tokens`` answer tokens, each stamped with its send time."""
 
-    __slots__ = ("delay_s", "tokens")
+    __slots__ = ("delay_s", "lead_s", "tokens")
 
-    def __init__(self, tokens: int, delay_s: float) -> None:
+    def __init__(self, tokens: int, delay_s: float, lead_s: float = 0.0) -> None:
         self.tokens = tokens
         self.delay_s = delay_s
+        self.lead_s = lead_s
 
 
 class Held:
@@ -104,6 +106,7 @@ class ReactJob:
         tool: str = "add",
         timed: bool = False,
         delay_s: float = 0.0,
+        lead_s: float = 0.0,
         hold: bool = False,
     ) -> None:
         self.k = k
@@ -113,7 +116,9 @@ class ReactJob:
         self._calls = [tool_call_reply(tool, n) for n in range(k)]
         self._final = FakeReply.text("All additions are done.", usage=USAGE)
         self._answer: FakeReply | TimedStream = (
-            TimedStream(tokens, delay_s) if timed else FakeReply.stream(self.answer_tokens, usage=USAGE)
+            TimedStream(tokens, delay_s, lead_s)
+            if timed
+            else FakeReply.stream(self.answer_tokens, usage=USAGE)
         )
 
     def __call__(self, body: dict[str, Any]) -> Any:
@@ -170,6 +175,8 @@ class BenchFakeServer(FakeOpenAIServer):
 
         writer.write(SSE_HEAD + frame({"role": "assistant", "content": ""}))
         await writer.drain()
+        if plan.lead_s > 0:
+            await asyncio.sleep(plan.lead_s)
         for i in range(plan.tokens):
             if plan.delay_s > 0:
                 await asyncio.sleep(plan.delay_s)
@@ -188,9 +195,12 @@ class BenchFakeServer(FakeOpenAIServer):
         await writer.drain()
 
 
+_STAMP = re.compile(r"w t(\d+)")
+
+
 def parse_stamps(text: str) -> list[int]:
-    """Send times (µs) of the timed tokens in ``text``, in order."""
-    return [int(part) for part in text.split(" t")[1:] if part.isdigit()]
+    """Send times (µs) of the timed tokens in ``text`` (one delta, or several merged), in order."""
+    return [int(n) for n in _STAMP.findall(text)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -201,12 +211,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tool", choices=["add", "calculator"], default="add")
     parser.add_argument("--timed", action="store_true", help="stamp each answer token with its send time")
     parser.add_argument("--delay-s", type=float, default=0.0, help="pause between timed tokens")
+    parser.add_argument("--lead-s", type=float, default=0.0, help="pause before the first timed token")
     parser.add_argument("--hold-s", type=float, default=0.0, help="hold each run's first call this long")
     args = parser.parse_args(argv)
 
     server = BenchFakeServer(port=args.port)
     job = ReactJob(
-        args.k, args.tokens, tool=args.tool, timed=args.timed, delay_s=args.delay_s, hold=args.hold_s > 0
+        args.k,
+        args.tokens,
+        tool=args.tool,
+        timed=args.timed,
+        delay_s=args.delay_s,
+        lead_s=args.lead_s,
+        hold=args.hold_s > 0,
     )
     server.set_handler(job)
 

@@ -1,0 +1,593 @@
+"""The whole service over HTTP: uvicorn worker(s) on 127.0.0.1, Redis Streams, SQLite, the fake LLM.
+
+Scenarios (each prints one JSON object):
+
+* ``http``: sequential runs of the benchmark job through the API (create a conversation, POST a
+  run, read its SSE stream to ``done``); wall time per run, bytes on the wire per answer token, the
+  time from POST .../runs to the first ``step`` event, and a check that every event was persisted;
+* ``latency``: C concurrent streaming runs on one worker, the fake LLM stamping each answer token
+  with its send time; delivery latency per token, for each C;
+* ``throughput``: two workers sharing Redis and the database; runs start on one worker and are
+  streamed from the other; answer tokens delivered per second, every token checked;
+* ``idle``: one worker holding R quiet runs (their LLM call held) and N SSE connections open on
+  them, pings flowing; the worker's RSS before, with the runs, and with the connections.
+
+Every load loop is bounded in count and time. Redis keys use a unique prefix and are deleted at
+the end; the SQLite database lives in a temporary directory. Run from the repository root:
+``.venv/bin/python -m bench.service_bench http --runs 50``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from bench.fakellm import parse_stamps
+from bench.measure import QUESTION, emit, expected_answer, percentile
+from bench.wire import Connection, SseStream
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+HOST = "127.0.0.1"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432")
+AGENT = {"tools": ["calculator"], "completion_check": False}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Stack:
+    """The fake LLM and N workers as child processes; stopped (by pid) and cleaned up on exit."""
+
+    def __init__(
+        self,
+        fake_args: Sequence[str],
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+        db: str = "sqlite",
+    ) -> None:
+        self.db = db
+        self.pg_database = ""
+        self.fake_args = list(fake_args)
+        self.n_workers = workers
+        self.env_extra = env or {}
+        self.prefix = f"agentstream-bench:{uuid.uuid4().hex[:12]}"
+        self.tmp = tempfile.TemporaryDirectory(prefix="agentstream-bench-")
+        self.fake: subprocess.Popen[str] | None = None
+        self.workers: list[tuple[subprocess.Popen[bytes], int]] = []
+        self.llm_url = ""
+
+    async def __aenter__(self) -> Stack:
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _start(self) -> None:  # noqa: ASYNC220, ASYNC230 - start-up, before any load
+        self.fake = subprocess.Popen(
+            [PY, "-m", "bench.fakellm", *self.fake_args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        assert self.fake.stdout is not None
+        self.llm_url = (await asyncio.to_thread(self.fake.stdout.readline)).strip()
+        if not self.llm_url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"fake LLM did not start: {self.llm_url!r}")
+        if self.db == "postgres":
+            self.pg_database = "agentstream_bench_" + uuid.uuid4().hex[:10]
+            await _pg_admin(f"CREATE DATABASE {self.pg_database}")
+            database_url = (
+                f"{POSTGRES_URL.replace('postgresql://', 'postgresql+asyncpg://')}/{self.pg_database}"
+            )
+        else:
+            database_url = f"sqlite+aiosqlite:///{self.tmp.name}/bench.db"
+        env = {
+            **os.environ,
+            "LLM_BASE_URL": self.llm_url,
+            "LLM_API_KEY": "bench",
+            "LLM_MODEL": "fake-model",
+            "REDIS_URL": REDIS_URL,
+            "REDIS_KEY_PREFIX": self.prefix,
+            "DATABASE_URL": database_url,
+            "LOG_LEVEL": "WARNING",
+            "SHUTDOWN_GRACE_S": "3",
+            "TOOL_RATE_LIMIT_PER_MINUTE": "1000000",
+            **self.env_extra,
+        }
+        for i in range(self.n_workers):
+            port = free_port()
+            log = open(Path(self.tmp.name) / f"worker{i}.log", "wb")
+            proc = subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "uvicorn",
+                    "app.main:create_app",
+                    "--factory",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                    "--no-access-log",
+                    "--backlog",
+                    "4096",
+                ],
+                cwd=self.tmp.name,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            self.workers.append((proc, port))
+            # One at a time: each worker migrates the shared database as it starts.
+            await self._wait_healthy(port, proc)
+
+    async def _wait_healthy(self, port: int, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}; log in {self.tmp.name}")
+            conn = Connection(HOST, port)
+            try:
+                status, _ = await conn.request("GET", "/readyz")
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            finally:
+                await conn.close()
+            await asyncio.sleep(0.1)
+        raise RuntimeError("worker did not become ready in 60 s")
+
+    def worker_log(self, i: int = 0) -> str:
+        return (Path(self.tmp.name) / f"worker{i}.log").read_text(errors="replace")
+
+    async def __aexit__(self, *exc: object) -> None:
+        if exc and exc[0] is not None:
+            for i in range(len(self.workers)):
+                print(f"--- worker {i} log (tail) ---\n{self.worker_log(i)[-3000:]}", file=sys.stderr)
+        for proc, _ in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.workers:
+            try:
+                await asyncio.to_thread(proc.wait, 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+        if self.fake is not None and self.fake.poll() is None:
+            self.fake.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.fake.wait, 10)
+            except subprocess.TimeoutExpired:
+                self.fake.kill()
+        redis = Redis.from_url(REDIS_URL)
+        try:
+            keys = [k async for k in redis.scan_iter(match=f"{self.prefix}:*", count=1000)]
+            for i in range(0, len(keys), 500):
+                await redis.delete(*keys[i : i + 500])
+        finally:
+            await redis.aclose()
+        if self.pg_database:
+            await _pg_admin(f"DROP DATABASE IF EXISTS {self.pg_database} WITH (FORCE)")
+        self.tmp.cleanup()
+
+    @property
+    def database(self) -> str:
+        if self.db == "postgres":
+            return "PostgreSQL (asyncpg) on 127.0.0.1, a database made for the run and dropped after"
+        return "SQLite (aiosqlite, WAL) in a temporary directory"
+
+
+async def _pg_admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(f"{POSTGRES_URL}/postgres", timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def new_conversation(conn: Connection) -> str:
+    status, conv = await conn.request("POST", "/api/conversations", {"agent": AGENT})
+    if status != 201:
+        raise RuntimeError(f"create conversation: {status} {conv}")
+    return str(conv["id"])
+
+
+async def start_run(conn: Connection, conv_id: str) -> dict[str, Any]:
+    status, run = await conn.request("POST", f"/api/conversations/{conv_id}/runs", {"message": QUESTION})
+    if status != 202:
+        raise RuntimeError(f"start run: {status} {run}")
+    return dict(run)
+
+
+class StreamResult:
+    __slots__ = ("answer", "before_connect", "bytes_in", "done", "events", "first_step_at", "parts", "stamps")
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.stamps: list[int] = []
+        """Per timed token: delivery latency in µs (received minus the fake LLM's send stamp)."""
+        self.before_connect = 0
+        """Timed tokens sent before this client's stream was open (replayed, so not a delivery latency)."""
+        self.events: list[str] = []
+        self.done: dict[str, Any] | None = None
+        self.first_step_at: float | None = None
+        self.bytes_in = 0
+        self.answer = ""
+
+
+async def read_stream(port: int, conv_id: str, *, timed: bool = False) -> StreamResult:
+    out = StreamResult()
+    stream = SseStream(HOST, port, f"/api/conversations/{conv_id}/stream")
+    async for received, event, data in stream.events():
+        if out.first_step_at is None and event == "step":
+            out.first_step_at = time.perf_counter()
+        if event == "answer":
+            payload = orjson.loads(data)
+            if payload.get("status") == "delta":
+                out.parts.append(payload["content"])
+                if timed:
+                    for sent in parse_stamps(payload["content"]):
+                        if sent >= stream.connected_us:
+                            out.stamps.append(received - sent)
+                        else:
+                            out.before_connect += 1
+        elif event == "done":
+            out.done = orjson.loads(data)
+        out.events.append(event)
+    if stream.status != 200:
+        raise RuntimeError(f"stream answered {stream.status}")
+    out.bytes_in = stream.bytes_in
+    out.answer = "".join(out.parts)
+    return out
+
+
+# ---- scenarios ------------------------------------------------------------------------------
+
+
+async def scenario_http(args: argparse.Namespace) -> dict[str, Any]:
+    fake = ["--k", str(args.k), "--tokens", str(args.tokens), "--tool", "calculator"]
+    expected = expected_answer(args.tokens)
+    walls: list[float] = []
+    ttft: list[float] = []
+    stream_bytes: list[int] = []
+    request_bytes: list[int] = []
+    persisted_ok = 0
+    async with Stack(fake, db=args.db) as stack:
+        port = stack.workers[0][1]
+        conn = Connection(HOST, port)
+        deadline = time.monotonic() + args.max_seconds
+        for i in range(args.warmup + args.runs):
+            before_in, before_out = conn.bytes_in, conn.bytes_out
+            t0 = time.perf_counter()
+            conv_id = await new_conversation(conn)
+            t_post = time.perf_counter()
+            run = await start_run(conn, conv_id)
+            result = await read_stream(port, conv_id)
+            t_done = time.perf_counter()
+            assert result.done is not None and result.first_step_at is not None
+            if result.answer != expected or result.done["answer"] != expected:
+                raise RuntimeError(f"run {run['run_id']}: answer differs from the fake LLM's")
+            if result.done.get("status") != "completed":
+                raise RuntimeError(f"run {run['run_id']} ended {result.done.get('status')}")
+            # Persisted: the durable log holds exactly the streamed events (polled: the store is async).
+            for _ in range(100):
+                status, stored = await conn.request("GET", f"/api/runs/{run['run_id']}/events")
+                if status == 200 and [e["event"] for e in stored] == result.events:
+                    persisted_ok += 1
+                    break
+                await asyncio.sleep(0.02)
+            if i < args.warmup:
+                continue
+            walls.append(t_done - t0)
+            ttft.append(result.first_step_at - t_post)
+            stream_bytes.append(result.bytes_in)
+            request_bytes.append(conn.bytes_in - before_in + conn.bytes_out - before_out)
+            if time.monotonic() > deadline:
+                break
+        await conn.close()
+    n = len(walls)
+    return {
+        "scenario": "http",
+        "runs": n,
+        "k": args.k,
+        "tokens": args.tokens,
+        "wall_ms_mean": 1000 * statistics.fmean(walls),
+        "wall_ms_p50": 1000 * statistics.median(walls),
+        "wall_ms_p99": 1000 * percentile(walls, 0.99),
+        "ttft_ms_p50": 1000 * statistics.median(ttft),
+        "ttft_ms_p99": 1000 * percentile(ttft, 0.99),
+        "stream_bytes_per_token": statistics.fmean(stream_bytes) / args.tokens,
+        "all_bytes_per_token": (statistics.fmean(stream_bytes) + statistics.fmean(request_bytes))
+        / args.tokens,
+        "persisted_ok": persisted_ok,
+        "persisted_checked": args.warmup + n,
+        "database": stack.database,
+    }
+
+
+async def _latency_level(
+    port: int, concurrency: int, runs_each: int, tokens: int, deadline: float
+) -> dict[str, Any]:
+    latencies: list[int] = []
+    lost = 0
+    replayed = 0
+    runs = 0
+
+    async def user(n: int) -> None:
+        nonlocal lost, runs, replayed
+        # Users arrive over the first second rather than all in the same instant.
+        await asyncio.sleep(n / concurrency)
+        conn = Connection(HOST, port)
+        try:
+            for _ in range(runs_each):
+                if time.monotonic() > deadline:
+                    return
+                conv_id = await new_conversation(conn)
+                await start_run(conn, conv_id)
+                result = await read_stream(port, conv_id, timed=True)
+                latencies.extend(result.stamps)
+                replayed += result.before_connect
+                lost += tokens - len(result.stamps) - result.before_connect
+                runs += 1
+        finally:
+            await conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(user(n) for n in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    ms = [x / 1000 for x in latencies]
+    return {
+        "concurrency": concurrency,
+        "runs": runs,
+        "tokens": len(ms),
+        "tokens_missing": lost,
+        "tokens_sent_before_client_connected": replayed,
+        "tokens_per_s": len(ms) / elapsed,
+        "p50_ms": percentile(ms, 0.5),
+        "p90_ms": percentile(ms, 0.9),
+        "p99_ms": percentile(ms, 0.99),
+        "max_ms": max(ms) if ms else float("nan"),
+    }
+
+
+async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
+    fake = [
+        "--k",
+        "1",
+        "--tokens",
+        str(args.tokens),
+        "--tool",
+        "calculator",
+        "--timed",
+        "--delay-s",
+        str(args.delay_s),
+    ]
+    levels = []
+    async with Stack(fake, db=args.db) as stack:
+        database = stack.database
+        proc, port = stack.workers[0]
+        for concurrency in args.concurrency:
+            cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+            deadline = time.monotonic() + args.max_seconds
+            level = await _latency_level(port, concurrency, args.runs_each, args.tokens, deadline)
+            level["worker_cpu_pct"] = 100 * (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - t0)
+            level["worker_rss_mb"] = rss_mb(proc.pid)
+            levels.append(level)
+            print(
+                f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms",
+                file=sys.stderr,
+            )
+    return {
+        "scenario": "latency",
+        "tokens_per_run": args.tokens,
+        "token_interval_ms": 1000 * args.delay_s,
+        "database": database,
+        "levels": levels,
+        "clock": "fake LLM stamps time.time() right before writing each token; the client reads the "
+        "same clock when the bytes arrive",
+    }
+
+
+async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    fake = ["--k", "0", "--tokens", str(args.tokens), "--tool", "calculator"]
+    expected = expected_answer(args.tokens)
+    delivered = 0
+    runs = 0
+    bad: list[str] = []
+    async with Stack(fake, workers=2, db=args.db) as stack:
+        database = stack.database
+        ports = [port for _, port in stack.workers]
+        pids = [proc.pid for proc, _ in stack.workers]
+        deadline = time.monotonic() + args.seconds
+
+        async def user(n: int) -> None:
+            nonlocal delivered, runs
+            start_port, stream_port = ports[n % 2], ports[(n + 1) % 2]
+            conn = Connection(HOST, start_port)
+            try:
+                while time.monotonic() < deadline and runs < args.max_runs:
+                    conv_id = await new_conversation(conn)
+                    await start_run(conn, conv_id)
+                    # Started on one worker, streamed from the other: the tokens cross Redis.
+                    result = await read_stream(stream_port, conv_id)
+                    if result.answer != expected or (result.done or {}).get("answer") != expected:
+                        bad.append(conv_id)
+                    else:
+                        delivered += args.tokens
+                    runs += 1
+            finally:
+                await conn.close()
+
+        cpu0 = [cpu_seconds(p) for p in pids]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user(n) for n in range(args.concurrency)))
+        elapsed = time.perf_counter() - t0
+        cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+    return {
+        "scenario": "throughput",
+        "workers": 2,
+        "database": database,
+        "concurrency": args.concurrency,
+        "tokens_per_run": args.tokens,
+        "runs": runs,
+        "runs_wrong": len(bad),
+        "tokens_delivered": delivered,
+        "seconds": elapsed,
+        "tokens_per_s": delivered / elapsed,
+        "worker_cpu_pct": [100 * c / elapsed for c in cpu],
+    }
+
+
+async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
+    hold = args.seconds + 60  # released by SIGUSR1 well before; the timer is the backstop
+    fake = ["--k", "1", "--tokens", "20", "--tool", "calculator", "--hold-s", str(hold)]
+    env = {"SSE_PING_SECONDS": str(args.ping_s)}
+    async with Stack(fake, env=env, db=args.db) as stack:
+        database = stack.database
+        proc, port = stack.workers[0]
+        conn = Connection(HOST, port)
+        # Warm the worker (imports, pools) with conversations, so the baseline is a working worker.
+        warm = [await new_conversation(conn) for _ in range(5)]
+        rss_idle = rss_mb(proc.pid)
+        convs = [await new_conversation(conn) for _ in range(args.runs)]
+        for conv_id in convs:
+            await start_run(conn, conv_id)
+        await asyncio.sleep(1.0)
+        rss_runs = rss_mb(proc.pid)
+
+        streams = [
+            SseStream(HOST, port, f"/api/conversations/{convs[i % len(convs)]}/stream")
+            for i in range(args.connections)
+        ]
+        finished = 0
+        done_events = 0
+
+        async def follow(stream: SseStream) -> None:
+            nonlocal finished, done_events
+            async for _, event, _ in stream.events():
+                if event == "done":
+                    done_events += 1
+            finished += 1
+
+        tasks = []
+        for i in range(0, len(streams), 100):
+            tasks += [asyncio.create_task(follow(s)) for s in streams[i : i + 100]]
+            await asyncio.sleep(0.05)
+        t_open = time.monotonic()
+        await asyncio.sleep(args.seconds)
+        open_now = sum(1 for s in streams if s.status == 200) - finished
+        pinged = sum(1 for s in streams if s.pings > 0)
+        rss_conns = rss_mb(proc.pid)
+        cpu0 = cpu_seconds(proc.pid)
+        await asyncio.sleep(2.0)
+        idle_cpu_pct = 100 * (cpu_seconds(proc.pid) - cpu0) / 2.0
+        held_s = time.monotonic() - t_open
+        assert stack.fake is not None
+        stack.fake.send_signal(signal.SIGUSR1)  # release the held LLM calls: every run finishes
+        try:
+            async with asyncio.timeout(120):
+                await asyncio.gather(*tasks)
+        except TimeoutError:
+            for s in streams:
+                s.abort()
+        await conn.close()
+        del warm
+    return {
+        "scenario": "idle",
+        "connections": args.connections,
+        "database": database,
+        "active_runs": args.runs,
+        "ping_s": args.ping_s,
+        "held_s": held_s,
+        "open_while_idle": open_now,
+        "connections_pinged": pinged,
+        "done_received": done_events,
+        "rss_idle_mb": rss_idle,
+        "rss_with_runs_mb": rss_runs,
+        "rss_with_connections_mb": rss_conns,
+        "rss_per_active_run_kb": 1024 * (rss_runs - rss_idle) / args.runs,
+        "rss_per_connection_kb": 1024 * (rss_conns - rss_runs) / args.connections,
+        "worker_cpu_pct_while_idle": idle_cpu_pct,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="scenario", required=True)
+    h = sub.add_parser("http")
+    h.add_argument("--runs", type=int, default=100)
+    h.add_argument("--warmup", type=int, default=10)
+    h.add_argument("--k", type=int, default=5)
+    h.add_argument("--tokens", type=int, default=200)
+    h.add_argument("--max-seconds", type=float, default=120)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--concurrency", type=int, nargs="+", default=[1, 10, 50, 100, 200])
+    lat.add_argument("--runs-each", type=int, default=2)
+    lat.add_argument("--tokens", type=int, default=100)
+    lat.add_argument("--delay-s", type=float, default=0.05)
+    lat.add_argument("--max-seconds", type=float, default=60, help="per concurrency level")
+    t = sub.add_parser("throughput")
+    t.add_argument("--concurrency", type=int, default=16)
+    t.add_argument("--tokens", type=int, default=2000)
+    t.add_argument("--seconds", type=float, default=20)
+    t.add_argument("--max-runs", type=int, default=5000)
+    i = sub.add_parser("idle")
+    i.add_argument("--connections", type=int, default=2000)
+    i.add_argument("--runs", type=int, default=100)
+    i.add_argument("--seconds", type=float, default=8)
+    i.add_argument("--ping-s", type=float, default=2)
+    for p in (h, lat, t, i):
+        p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    args = parser.parse_args(argv)
+    scenario = {
+        "http": scenario_http,
+        "latency": scenario_latency,
+        "throughput": scenario_throughput,
+        "idle": scenario_idle,
+    }[args.scenario]
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: F401  - the client loop matters little; stock asyncio keeps it comparable
+    emit(asyncio.run(scenario(args)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
