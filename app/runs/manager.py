@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from app.db.errors import RunActiveError
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
-from app.engine.events import EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
+from app.engine.events import AnswerDelta, EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueue
 from app.errors import NoActiveRunError, RunActiveConflict, ShuttingDownError
@@ -54,6 +56,9 @@ class _ActiveRun:
     started: float = field(default_factory=time.monotonic)
     usage: Usage = field(default_factory=Usage)
     """Filled by the engine as calls complete; what a cancelled run reports."""
+    answer_parts: list[str] = field(default_factory=list)
+    """The answer deltas sent so far: a run stopped mid-answer reports them as its answer, so the
+    deltas a client saw still add up to ``done.answer``."""
 
 
 def later_cursor(a: str | None, b: str | None) -> str:
@@ -272,7 +277,9 @@ class RunManager:
             if isinstance(event, RunDone):
                 engine_done.append(event)
                 return
-            if isinstance(event, ThinkingStarted):
+            if type(event) is AnswerDelta:
+                active.answer_parts.append(event.content)
+            elif isinstance(event, ThinkingStarted):
                 active.iterations = max(active.iterations, event.iteration)
             elif isinstance(event, IterationDone):
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
@@ -353,7 +360,7 @@ class RunManager:
             )
         else:
             done = RunDone(
-                answer=result.answer if result is not None else "",
+                answer=result.answer if result is not None else "".join(active.answer_parts),
                 iterations=result.iterations if result is not None else active.iterations,
                 usage=result.usage.as_dict() if result is not None else active.usage.as_dict(),
                 elapsed=time.monotonic() - active.started,
@@ -416,11 +423,13 @@ class RunManager:
 
     async def close_lost_run(self, run: RunRecord, error: str) -> bool:
         elapsed = max(0.0, time.time() - run.created_at.timestamp())
+        await self._salvage_events(run)
+        answer, iterations = _progress(await self.events.for_run(run.id))
         finished = await self.runs.finish(
             run.id,
             status="failed",
-            answer="",
-            iterations=0,
+            answer=answer,
+            iterations=iterations,
             usage=Usage().as_dict(),
             elapsed=elapsed,
             error=error,
@@ -446,8 +455,8 @@ class RunManager:
         )
         await publisher.publish(
             RunDone(
-                answer="",
-                iterations=0,
+                answer=answer,
+                iterations=iterations,
                 usage=Usage().as_dict(),
                 elapsed=elapsed,
                 status="failed",
@@ -462,3 +471,36 @@ class RunManager:
             extra={"run_id": run.id, "conversation_id": run.conversation_id},
         )
         return True
+
+    async def _salvage_events(self, run: RunRecord) -> None:
+        """Store the events the lost worker put on the bus but had not stored yet.
+
+        Its clients saw them live; without this the run's durable record would miss its last
+        moments. Saving is idempotent, so several reapers may do it at once.
+        """
+        after = later_cursor(await self.events.last_id(run.conversation_id), run.start_cursor)
+        try:
+            while True:
+                batch = await self.bus.read_after(run.conversation_id, after, limit=1000)
+                if not batch:
+                    return
+                ours = [event for event in batch if event.run_id == run.id]
+                if ours:
+                    await self.events.save(run.conversation_id, ours)
+                after = batch[-1].id
+        except Exception:
+            log.warning("could not salvage the lost run's events from the bus", exc_info=True)
+
+
+def _progress(events: list[StoredEvent]) -> tuple[str, int]:
+    """A lost run's answer so far (its deltas) and the last iteration it reached, from its events."""
+    parts: list[str] = []
+    iterations = 0
+    for event in events:
+        if event.event == "answer" or event.event == "step":
+            data = orjson.loads(event.data)
+            if event.event == "answer" and data.get("status") == "delta":
+                parts.append(str(data.get("content", "")))
+            elif isinstance(data.get("iteration"), int):
+                iterations = max(iterations, data["iteration"])
+    return "".join(parts), iterations

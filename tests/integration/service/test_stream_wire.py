@@ -79,3 +79,26 @@ def test_an_event_is_the_same_live_replayed_and_from_the_runs_events(
     assert done["status"] == "completed"
     assert answer_of(stored) == done["answer"] == agent.answer
     assert api.run(run_id)["answer"] == done["answer"]
+
+
+@STACKS
+def test_a_run_cancelled_mid_answer_ends_with_a_done_whose_answer_is_the_deltas_sent(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+) -> None:
+    gated_llm.play(GatedAgent(tokens=300, delay_s=0.01))
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    run_id = api.start_run(conv, "a long answer")
+    with api.stream(conv) as stream:
+        events = stream.read(until=lambda e: e.event == "answer" and e.data.get("status") == "delta")
+        assert api.cancel(conv).status_code == 202
+        events += stream.read()
+    done = events[-1].data
+    assert done["status"] == "cancelled"
+    assert done["answer"], "the cancel should have landed mid-answer"
+    assert answer_of(as_stored(events)) == done["answer"]
+    assert api.run(run_id)["answer"] == done["answer"]
+    assert as_stored(events) == api.wait_stored(run_id)

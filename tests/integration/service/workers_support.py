@@ -6,8 +6,8 @@
 - ``STACKS``: the databases x buses a stream test runs on.
 - fixtures: ``gated_llm`` (a started fake server playing a ``GatedAgent``), ``redis_prefix`` (a
   unique key prefix whose keys are deleted afterwards), ``clients`` (makes ``Api``s, closed after
-  the test), ``start_service`` (in-thread servers on this test's database, stopped after it);
-  ``worker_env`` and ``workers_running`` for uvicorn subprocesses.
+  the test), ``start_service`` (in-thread servers on this test's database, stopped after it).
+- ``Cluster``: uvicorn worker subprocesses on one database and Redis, for the many-workers tests.
 
 Named apart from the fixtures of this folder's conftest.py, which the API tests own.
 """
@@ -106,26 +106,14 @@ class FakeLLM:
 
 @pytest.fixture(name="gated_llm")
 def gated_llm_fixture() -> Iterator[FakeLLM]:
-    with FakeOpenAIServer() as server:
-        fake = FakeLLM(server)
-        try:
-            yield fake
-        finally:
-            # Let held requests go, so that no run of a stopping server waits on them.
-            fake.agent.gate.set()
+    with fake_llm_serving() as fake:
+        yield fake
 
 
 @pytest.fixture(name="redis_prefix")
 def redis_prefix_fixture() -> Iterator[str]:
-    prefix = f"agentstream-test:{secrets.token_hex(6)}"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    with redis_keys(new_redis_prefix()) as prefix:
+        yield prefix
 
 
 def redis_client() -> redis.Redis:
@@ -187,39 +175,86 @@ def worker_env(database_url: str, llm_base_url: str, **overrides: str) -> dict[s
         "LLM_TIMEOUT_S": "30",
         "LLM_MAX_RETRIES": "0",
         "REDIS_URL": "",
+        "REDIS_KEY_PREFIX": "agentstream-test:unused",
         "API_KEYS": "",
         "SSE_PING_SECONDS": "0.2",
         "SHUTDOWN_GRACE_S": "5",
-        "RUN_LEASE_S": "1.0",
+        "RUN_LEASE_S": "2",
         "LOG_LEVEL": "WARNING",
     }
     env.update(overrides)
     return env
 
 
-def start_workers(envs: list[dict[str, str]], tmp_path: Path) -> list[ServerProcess]:
-    """Start one uvicorn process per environment, in parallel (each start imports the whole app)."""
-    workers = [ServerProcess(env) for env in envs]
-    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-        started = [
-            pool.submit(worker.start, tmp_path / f"worker-{i}.log") for i, worker in enumerate(workers)
-        ]
-        errors = [f.exception() for f in started]
-    if any(errors):
-        for worker in workers:
+class Cluster:
+    """uvicorn worker processes sharing one database, one Redis key prefix and the fake model.
+
+    ``start()`` launches workers (in parallel: each imports the whole app); ``close()`` kills every
+    one still running. The model behaviour is ``llm.agent``; tests swap it with ``llm.play()``.
+    """
+
+    def __init__(self, database_url: str, llm: FakeLLM, redis_prefix: str | None, log_dir: Path) -> None:
+        self.database_url = database_url
+        self.llm = llm
+        self.redis_prefix = redis_prefix
+        self.log_dir = log_dir
+        self.workers: list[ServerProcess] = []
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        redis: dict[str, str] = {}
+        if self.redis_prefix is not None:
+            redis = {"REDIS_URL": REDIS_URL, "REDIS_KEY_PREFIX": self.redis_prefix}
+        return worker_env(self.database_url, self.llm.base_url, **redis, **overrides)
+
+    def start(self, count: int = 1, **overrides: str) -> list[ServerProcess]:
+        started = [ServerProcess(self.env(**overrides)) for _ in range(count)]
+        first = len(self.workers)
+        self.workers += started
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            futures = [
+                pool.submit(worker.start, self.log_dir / f"worker-{first + i}.log")
+                for i, worker in enumerate(started)
+            ]
+            errors = [f.exception() for f in futures]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise AssertionError(f"a worker did not start: {failed}")
+        return started
+
+    def close(self) -> None:
+        self.llm.agent.gate.set()
+        for worker in self.workers:
             worker.kill()
-        raise AssertionError(f"a worker did not start: {errors}")
-    return workers
 
 
 @contextmanager
-def workers_running(envs: list[dict[str, str]], tmp_path: Path) -> Iterator[list[ServerProcess]]:
-    workers = start_workers(envs, tmp_path)
+def fake_llm_serving() -> Iterator[FakeLLM]:
+    """A started fake model (for fixtures of any scope)."""
+    with FakeOpenAIServer() as server:
+        fake = FakeLLM(server)
+        try:
+            yield fake
+        finally:
+            fake.agent.gate.set()
+
+
+@contextmanager
+def redis_keys(prefix: str) -> Iterator[str]:
+    """``prefix``; every Redis key under it is deleted afterwards."""
     try:
-        yield workers
+        yield prefix
     finally:
-        for worker in workers:
-            worker.kill()
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+
+
+def new_redis_prefix() -> str:
+    return f"agentstream-test:{secrets.token_hex(6)}"
 
 
 class Api:

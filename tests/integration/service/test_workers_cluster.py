@@ -1,0 +1,203 @@
+"""Many workers (API.md, "Many workers"): uvicorn processes sharing PostgreSQL and the real Redis.
+
+Two workers, A and B, serve the whole module. A run started through one is streamed, interrupted
+and cancelled through the other; a worker killed with SIGKILL or stopped with SIGTERM mid-run
+leaves no run ``running`` and no client without its ``done``. The model is the fake OpenAI server
+in this process, whose loop calls wait for a gate the test opens: runs last exactly as long as a
+test needs, with no sleeps.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from app.db.migrate import upgrade_database
+from tests.integration.conftest import PostgresServer, run_in_thread
+from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    Api,
+    Cluster,
+    GatedAgent,
+    as_stored,
+    clients_fixture,
+    fake_llm_serving,
+    new_redis_prefix,
+    redis_keys,
+)
+from tests.support.server import ServerProcess, wait_until
+
+pytestmark = [pytest.mark.timeout(30), pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def cluster(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Workers A and B (``cluster.workers[:2]``) on a PostgreSQL database of this module."""
+    name = f"agentstream_test_{secrets.token_hex(6)}"
+    postgres_server.create_database(name)
+    url = postgres_server.async_url(name)
+    try:
+        run_in_thread(lambda: upgrade_database(url))
+        with fake_llm_serving() as llm, redis_keys(new_redis_prefix()) as prefix:
+            cluster = Cluster(url, llm, prefix, tmp_path_factory.mktemp("workers"))
+            try:
+                cluster.start(2)
+                yield cluster
+            finally:
+                cluster.close()
+    finally:
+        postgres_server.drop_database(name)
+
+
+@pytest.fixture
+def a_and_b(cluster: Cluster, clients: Callable[..., Api]) -> Iterator[tuple[Api, Api]]:
+    a, b = cluster.workers[:2]
+    for worker in (a, b):
+        assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
+    yield clients(a.base_url), clients(b.base_url)
+    cluster.llm.agent.gate.set()  # nothing a test left waiting may hold the next test up
+
+
+def thinking(event: object) -> bool:
+    return getattr(event, "event", None) == "step" and getattr(event, "data", {}).get("type") == "thinking"
+
+
+def test_a_run_started_on_one_worker_is_streamed_interrupted_and_cancelled_through_another(
+    cluster: Cluster, a_and_b: tuple[Api, Api]
+) -> None:
+    a, b = a_and_b
+    agent = cluster.llm.play(GatedAgent(tokens=30, delay_s=0.002))
+    conv = a.create_conversation()
+
+    # Interrupt through B while A's engine waits on the model.
+    agent.close_gate()
+    first_id = a.start_run(conv, "first question")
+    follow_up = f"also mention {secrets.token_hex(4)}"
+    with b.stream(conv) as stream:
+        received = stream.read(until=thinking)
+        response = b.interrupt(conv, follow_up)
+        assert response.status_code == 202, response.text
+        assert response.json() == {"queued": 1}
+        agent.gate.set()
+        received += stream.read()
+    injects = [e for e in received if e.event == "inject"]
+    assert [e.data["content"] for e in injects] == [follow_up]
+    assert agent.saw(follow_up), "the engine on A never sent the follow-up to the model"
+    assert received[-1].data["status"] == "completed"
+    assert as_stored(received) == b.wait_stored(first_id) == a.wait_stored(first_id)
+
+    # Cancel through B: A stops the run and its done says so, promptly.
+    agent.close_gate()
+    second_id = a.start_run(conv, "second question")
+    with b.stream(conv) as stream:
+        received = stream.read(until=thinking)
+        asked = time.monotonic()
+        response = b.cancel(conv)
+        assert response.status_code == 202, response.text
+        received += stream.read()
+        took = time.monotonic() - asked
+    assert received[-1].event == "done"
+    assert received[-1].data["status"] == "cancelled"
+    assert took < 3.0, f"cancel took {took:.1f}s"
+    assert a.run(second_id)["status"] == "cancelled"
+    assert as_stored(received) == b.wait_stored(second_id)
+
+
+def test_killing_the_worker_that_runs_a_run_gets_it_closed_as_failed_by_another(
+    cluster: Cluster, a_and_b: tuple[Api, Api], clients: Callable[..., Api]
+) -> None:
+    _, b = a_and_b
+    agent = cluster.llm.play(GatedAgent(tokens=400, delay_s=0.01))
+    (victim,) = cluster.start(1)
+    v = clients(victim.base_url)
+    conv = v.create_conversation()
+    run_id = v.start_run(conv, "a long answer")
+
+    with b.stream(conv) as stream:
+        received = stream.read(count=30)
+        assert received[-1].event == "answer", "the run should be streaming its answer"
+        victim.kill()
+        killed = time.monotonic()
+        received += stream.read()
+        took = time.monotonic() - killed
+    done = received[-1]
+    assert done.event == "done"
+    assert done.data["status"] == "failed"
+    assert done.data["error"]
+    assert took < 8.0, f"the lost run was closed after {took:.1f}s"
+    run = b.run(run_id)
+    assert run["status"] == "failed"
+    assert run["error"] == done.data["error"]
+    assert agent.loop_calls >= 1
+    # What clients saw live is what the database keeps, the lost worker's last events included.
+    stored = b.wait_stored(run_id)
+    assert as_stored(received) == stored
+    ids = [e["id"] for e in stored]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    assert len(set(ids)) == len(ids)
+
+
+def sigterm(worker: ServerProcess) -> None:
+    assert worker.proc is not None
+    worker.proc.send_signal(signal.SIGTERM)
+
+
+def refuses_connections(worker: ServerProcess) -> bool:
+    try:
+        httpx.get(f"{worker.base_url}/healthz", timeout=1)
+    except httpx.TransportError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("finishes_in_grace", [True, False], ids=["finishes", "outlives-grace"])
+def test_sigterm_ends_the_workers_streams_and_closes_its_runs_within_the_grace(
+    finishes_in_grace: bool,
+    cluster: Cluster,
+    a_and_b: tuple[Api, Api],
+    clients: Callable[..., Api],
+) -> None:
+    _, b = a_and_b
+    agent = cluster.llm.play(GatedAgent(tokens=20))
+    grace = 15.0 if finishes_in_grace else 1.0
+    (worker,) = cluster.start(1, SHUTDOWN_GRACE_S=str(grace))
+    w = clients(worker.base_url)
+    conv = w.create_conversation()
+    agent.close_gate()
+    run_id = w.start_run(conv, "question")
+
+    with w.stream(conv) as stream:
+        received = stream.read(until=thinking)
+        sigterm(worker)
+        # The worker ends its open stream (no done: the run goes on) ...
+        received += stream.read()
+    assert received[-1].event != "done"
+    # ... and takes no more requests, while its run still has the grace period.
+    wait_until(lambda: refuses_connections(worker), timeout=5, what="the worker to stop listening")
+    assert b.run(run_id)["status"] == "running"
+
+    # The client reconnects to another worker with its cursor and misses nothing.
+    with b.stream(conv, last_event_id=received[-1].id) as stream:
+        if finishes_in_grace:
+            agent.gate.set()
+        received += stream.read()
+    done = received[-1]
+    assert done.event == "done"
+    assert worker.proc is not None
+    # uvicorn re-raises the SIGTERM it handled once it is done: exit by that signal is a clean exit.
+    assert worker.proc.wait(timeout=10) in (0, -signal.SIGTERM), worker.logs()
+    assert "Traceback" not in worker.logs()
+    run = b.run(run_id)
+    if finishes_in_grace:
+        assert done.data["status"] == run["status"] == "completed"
+        assert done.data["answer"] == agent.answer
+    else:
+        assert done.data["status"] == run["status"] == "failed"
+        assert "shut down" in done.data["error"]
+    assert as_stored(received) == b.wait_stored(run_id)
+    conversation = b.http.get(f"/api/conversations/{conv}").json()
+    assert conversation["active_run_id"] is None
