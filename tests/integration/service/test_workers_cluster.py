@@ -28,6 +28,8 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     fake_llm_serving,
     new_redis_prefix,
     redis_keys,
+    start_stream_interrupt_and_cancel_across_workers,
+    thinking,
 )
 from tests.support.server import ServerProcess, wait_until
 
@@ -62,49 +64,10 @@ def a_and_b(cluster: Cluster, clients: Callable[..., Api]) -> Iterator[tuple[Api
     cluster.llm.agent.gate.set()  # nothing a test left waiting may hold the next test up
 
 
-def thinking(event: object) -> bool:
-    return getattr(event, "event", None) == "step" and getattr(event, "data", {}).get("type") == "thinking"
-
-
 def test_a_run_started_on_one_worker_is_streamed_interrupted_and_cancelled_through_another(
     cluster: Cluster, a_and_b: tuple[Api, Api]
 ) -> None:
-    a, b = a_and_b
-    agent = cluster.llm.play(GatedAgent(tokens=30, delay_s=0.002))
-    conv = a.create_conversation()
-
-    # Interrupt through B while A's engine waits on the model.
-    agent.close_gate()
-    first_id = a.start_run(conv, "first question")
-    follow_up = f"also mention {secrets.token_hex(4)}"
-    with b.stream(conv) as stream:
-        received = stream.read(until=thinking)
-        response = b.interrupt(conv, follow_up)
-        assert response.status_code == 202, response.text
-        assert response.json() == {"queued": 1}
-        agent.gate.set()
-        received += stream.read()
-    injects = [e for e in received if e.event == "inject"]
-    assert [e.data["content"] for e in injects] == [follow_up]
-    assert agent.saw(follow_up), "the engine on A never sent the follow-up to the model"
-    assert received[-1].data["status"] == "completed"
-    assert as_stored(received) == b.wait_stored(first_id) == a.wait_stored(first_id)
-
-    # Cancel through B: A stops the run and its done says so, promptly.
-    agent.close_gate()
-    second_id = a.start_run(conv, "second question")
-    with b.stream(conv) as stream:
-        received = stream.read(until=thinking)
-        asked = time.monotonic()
-        response = b.cancel(conv)
-        assert response.status_code == 202, response.text
-        received += stream.read()
-        took = time.monotonic() - asked
-    assert received[-1].event == "done"
-    assert received[-1].data["status"] == "cancelled"
-    assert took < 3.0, f"cancel took {took:.1f}s"
-    assert a.run(second_id)["status"] == "cancelled"
-    assert as_stored(received) == b.wait_stored(second_id)
+    start_stream_interrupt_and_cancel_across_workers(cluster.llm, *a_and_b)
 
 
 def test_killing_the_worker_that_runs_a_run_gets_it_closed_as_failed_by_another(

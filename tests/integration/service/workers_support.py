@@ -413,3 +413,47 @@ def answer_of(events: list[dict[str, Any]]) -> str:
     return "".join(
         e["data"]["content"] for e in events if e["event"] == "answer" and e["data"].get("status") == "delta"
     )
+
+
+def thinking(event: SseEvent) -> bool:
+    """The engine asked the model (a ``thinking`` step started)."""
+    return event.event == "step" and event.data.get("type") == "thinking"
+
+
+def start_stream_interrupt_and_cancel_across_workers(llm: FakeLLM, a: Api, b: Api) -> None:
+    """Runs start through ``a``; ``b`` streams them, interrupts one and cancels another."""
+    agent = llm.play(GatedAgent(tokens=30, delay_s=0.002))
+    conv = a.create_conversation()
+
+    # Interrupt through B while A's engine waits on the model.
+    agent.close_gate()
+    first_id = a.start_run(conv, "first question")
+    follow_up = f"also mention {secrets.token_hex(4)}"
+    with b.stream(conv) as stream:
+        received = stream.read(until=thinking)
+        response = b.interrupt(conv, follow_up)
+        assert response.status_code == 202, response.text
+        assert response.json() == {"queued": 1}
+        agent.gate.set()
+        received += stream.read()
+    injects = [e for e in received if e.event == "inject"]
+    assert [e.data["content"] for e in injects] == [follow_up]
+    assert agent.saw(follow_up), "the engine on A never sent the follow-up to the model"
+    assert received[-1].data["status"] == "completed"
+    assert as_stored(received) == b.wait_stored(first_id) == a.wait_stored(first_id)
+
+    # Cancel through B: A stops the run and its done says so, promptly.
+    agent.close_gate()
+    second_id = a.start_run(conv, "second question")
+    with b.stream(conv) as stream:
+        received = stream.read(until=thinking)
+        asked = time.monotonic()
+        response = b.cancel(conv)
+        assert response.status_code == 202, response.text
+        received += stream.read()
+        took = time.monotonic() - asked
+    assert received[-1].event == "done"
+    assert received[-1].data["status"] == "cancelled"
+    assert took < 3.0, f"cancel took {took:.1f}s"
+    assert a.run(second_id)["status"] == "cancelled"
+    assert as_stored(received) == b.wait_stored(second_id)
