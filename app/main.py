@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from app import __version__
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
-from app.api.routes import conversations, health, runs, stream, tools
+from app.api.routes import conversations, health, openai_compat, runs, stream, tools
 from app.container import Services
 from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
@@ -191,7 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit)
-    for module in (health, tools, conversations, runs, stream):
+    for module in (health, tools, conversations, runs, stream, openai_compat):
         app.include_router(module.router)
 
     index = WEB_DIR / "index.html"
