@@ -132,7 +132,7 @@ class _StreamReader:
         self._by_key: dict[str, _Subscription] = {}
         self._wake = asyncio.Event()
         self._reading: frozenset[str] | None = None  # keys of the XREAD in flight
-        self._unblocking: asyncio.Task[None] | None = None
+        self.unblocking: asyncio.Task[None] | None = None
         self.task = asyncio.create_task(self._run(), name="redis-stream-reader")
 
     def subscribe(self, conversation_id: str, key: str, position: str) -> _Subscription:
@@ -142,8 +142,8 @@ class _StreamReader:
                 conversation_id, key, position
             )
             self._wake.set()
-            if self._reading is not None and self._unblocking is None:
-                self._unblocking = asyncio.create_task(self._unblock())
+            if self._reading is not None and self.unblocking is None:
+                self.unblocking = asyncio.create_task(self._unblock())
         return sub
 
     def unsubscribe(self, sub: _Subscription, follower: _Follower) -> None:
@@ -168,7 +168,7 @@ class _StreamReader:
         except (RedisError, OSError):
             pass  # the reader will see its own error, or return after block_ms
         finally:
-            self._unblocking = None
+            self.unblocking = None
 
     async def _run(self) -> None:
         bus = self.bus
@@ -188,6 +188,7 @@ class _StreamReader:
                 self._fail_all(BusClosedError("the event bus is closed"))
                 raise
             except RedisError as exc:
+                log.warning("stream reader lost Redis; followers will resync", extra={"error": str(exc)})
                 self._fail_all(BusUnavailableError(f"stream reader lost Redis: {exc}"))
                 attempt += 1
                 await asyncio.sleep(min(1.0, 0.02 * 2.0**attempt))
@@ -257,6 +258,7 @@ class _Writer:
                 self._fail(self._queue, BusClosedError("the event bus is closed"))
                 raise
             except RedisError as exc:
+                log.warning("stream writer lost Redis", extra={"error": str(exc)})
                 self._fail(batch, BusUnavailableError(f"cannot append to Redis: {exc}"))
                 continue
             at = 0
@@ -475,6 +477,8 @@ class RedisEventBus:
     async def close(self) -> None:
         self._closed = True
         tasks = [part.task for part in (self._reader, self._writer) if part is not None]
+        if self._reader is not None and self._reader.unblocking is not None:
+            tasks.append(self._reader.unblocking)
         for task in tasks:
             task.cancel()
         for task in tasks:
