@@ -33,6 +33,14 @@ def _describe_validation(errors: list[Any]) -> tuple[str, str, int]:
     return "invalid_request", "; ".join(parts) or "invalid request", 422
 
 
+def _undecodable(cause: BaseException) -> str:
+    if isinstance(cause, UnicodeDecodeError):
+        return "the request body is not valid UTF-8 JSON"
+    if isinstance(cause, RecursionError):
+        return "the request body is not valid JSON: it is nested too deeply"
+    return "the request body is not valid JSON"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -46,6 +54,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI's answer to a body it could not decode at all (not UTF-8, nested too deep).
+            return error_response(400, "invalid_json", _undecodable(exc.__cause__))
         codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 400: "bad_request"}
         return error_response(
             exc.status_code,

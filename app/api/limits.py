@@ -8,10 +8,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 MAX_BODY_BYTES = 1_000_000
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
     def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -32,27 +28,35 @@ class BodySizeLimit:
                     return
         received = 0
         started = False
+        rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, started, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _TooLarge
+                    # A body without Content-Length (chunked) grew too large. An exception raised
+                    # here would reach the app's body parser, which answers it with a 400; so the
+                    # 413 goes out now and the app is told that the client went away.
+                    rejected = True
+                    if not started:
+                        started = True
+                        await self._reject(send)
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return  # the 413 is the answer; whatever the app says after it is dropped
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(send)
+        await self.app(scope, limited_receive, tracking_send)
 
     async def _reject(self, send: Send) -> None:
         body = orjson.dumps(

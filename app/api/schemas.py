@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_MESSAGE_CHARS = 32_000
+
+# The service makes its ids from this alphabet (``secrets.token_urlsafe`` behind a prefix); anything
+# else names nothing, and is answered 404 before it reaches a database that might choke on it.
+_RESOURCE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def is_resource_id(value: str) -> bool:
+    return _RESOURCE_ID.fullmatch(value) is not None
 
 
 def _no_nul(value: str) -> str:
@@ -40,8 +49,12 @@ Title = Annotated[str, Field(max_length=200), AfterValidator(_single_line)]
 ToolName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_single_line)]
 
 
+# Request bodies are strict: JSON's types as they are (no "5" for 5, no true for 1), no unknown fields.
+REQUEST = ConfigDict(extra="forbid", strict=True)
+
+
 class AgentSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     mode: Literal["auto", "json", "native"] = "auto"
     tools: list[ToolName] | None = Field(default=None, max_length=256)
@@ -51,26 +64,26 @@ class AgentSpec(BaseModel):
 
 
 class ConversationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     title: Title | None = None
     agent: AgentSpec | None = None
 
 
 class RunCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     message: MessageText
 
 
 class InterruptCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     content: MessageText
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST
 
     message: MessageText
     conversation_id: (

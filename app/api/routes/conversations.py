@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
@@ -21,9 +22,10 @@ from app.api.schemas import (
     Queued,
     RunCreate,
     RunStarted,
+    is_resource_id,
 )
 from app.container import Services
-from app.db.repositories import ConversationRecord
+from app.db.repositories import ConversationRecord, decode_page_cursor
 from app.errors import InvalidInputError, NotFoundError
 
 router = APIRouter(tags=["conversations"])
@@ -39,7 +41,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 async def owned_conversation(services: Services, owner: str, conversation_id: str) -> ConversationRecord:
     conv = None
-    if 0 < len(conversation_id) <= 128:
+    if is_resource_id(conversation_id):
         conv = await services.conversations.get(owner, conversation_id)
     if conv is None:
         raise NotFoundError("conversation not found")
@@ -68,6 +70,23 @@ async def create_conversation(
     return conversation_out(conv)
 
 
+# Conversations are made now; a cursor's time outside these bounds was not handed out by us, and
+# near the ends of the calendar converting it for the database overflows.
+_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _check_page_cursor(cursor: str) -> None:
+    """Refuse a list cursor this service cannot have handed out, before any SQL sees it."""
+    try:
+        created_at, conversation_id = decode_page_cursor(cursor)
+        valid = _EARLIEST <= created_at.astimezone(UTC) <= _LATEST and is_resource_id(conversation_id)
+    except (ValueError, OverflowError):
+        valid = False
+    if not valid:
+        raise InvalidInputError("invalid cursor")
+
+
 @router.get("/api/conversations", response_model=ConversationPage, responses=ERRORS)
 async def list_conversations(
     services: ServicesDep,
@@ -75,6 +94,8 @@ async def list_conversations(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=256)] = None,
 ) -> ConversationPage:
+    if cursor is not None:
+        _check_page_cursor(cursor)
     try:
         items, next_cursor = await services.conversations.list(owner, limit, cursor)
     except ValueError as exc:

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from app.api.deps import OwnerDep, ServicesDep
 from app.api.presenters import event_out, run_out
-from app.api.schemas import ErrorResponse, EventOut, RunOut
+from app.api.schemas import ErrorResponse, EventOut, RunOut, is_resource_id
 from app.container import Services
 from app.db.repositories import RunRecord
 from app.errors import NotFoundError
@@ -18,7 +18,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse}, 404: {
 
 
 async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
-    run = await services.runs.get(owner, run_id) if 0 < len(run_id) <= 128 else None
+    run = await services.runs.get(owner, run_id) if is_resource_id(run_id) else None
     if run is None:
         raise NotFoundError("run not found")
     return run

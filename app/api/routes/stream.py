@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from app.api.routes.conversations import ERRORS, owned_conversation
 from app.api.schemas import ChatRequest
 from app.container import Services
 from app.errors import InvalidInputError
-from app.streaming.bus import parse_cursor
+from app.streaming.bus import format_cursor
 from app.streaming.resume import stream_events
 from app.streaming.sse import encode_event
 
@@ -54,12 +55,21 @@ def sse_response(services: Services, conversation_id: str, after: str) -> EventS
     )
 
 
+# An event id is "<ms>-<seq>" in ASCII digits (int() alone would take "１２" or " 12 "), within
+# what the database's columns hold (BIGINT, INTEGER).
+_CURSOR = re.compile(r"([0-9]{1,19})-([0-9]{1,10})")
+_MAX_MS = 2**63 - 1
+_MAX_SEQ = 2**31 - 1
+
+
 def _valid_cursor(value: str, source: str) -> str:
-    try:
-        parse_cursor(value)
-    except ValueError:
-        raise InvalidInputError(f"{source} must be an event id such as 1700000000000-0") from None
-    return value
+    """The canonical form of a client's cursor; ``InvalidInputError`` for anything else."""
+    match = _CURSOR.fullmatch(value)
+    if match is not None:
+        ms, seq = int(match[1]), int(match[2])
+        if ms <= _MAX_MS and seq <= _MAX_SEQ:
+            return format_cursor(ms, seq)
+    raise InvalidInputError(f"{source} must be an event id such as 1700000000000-0")
 
 
 async def _has_events_after(services: Services, conversation_id: str, cursor: str) -> bool:
