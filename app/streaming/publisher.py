@@ -95,7 +95,7 @@ class RunPublisher:
         retention_s: float = 600,
         bus_retry_s: float = 30.0,
         store_retry_s: float = 120.0,
-        store_interval_ms: float = 100.0,
+        store_interval_ms: float = 500.0,
         store_batch: int = 500,
         bus_batch: int = 1000,
     ) -> None:

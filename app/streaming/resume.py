@@ -128,18 +128,22 @@ async def _bus_continues(
     """Whether the bus holds what comes right after ``last_key``.
 
     True: it holds an event at or before ``last_key``, so nothing after it is missing (streams are
-    only ever cut from the front). False: the bus starts later but the database has nothing in
-    between that the bus lacks, as far as the database knows yet (the caller re-checks the seam on
-    the first live event). None: the database holds events after ``last_key`` the bus does not.
+    only ever cut from the front), or the database's next event is the bus's oldest. False: the bus
+    starts later but the database has nothing after ``last_key`` yet (the caller re-checks the
+    seam on the first live event). None: the database holds events after ``last_key`` that the
+    bus does not.
     """
     oldest = await bus.oldest_id(conversation_id)
     if oldest is not None and parse_cursor(oldest) <= last_key:
         return True
     last = f"{last_key[0]}-{last_key[1]}"
     stored = await store.read_after(conversation_id, last, 1)
-    if stored and (oldest is None or parse_cursor(stored[0].id) < parse_cursor(oldest)):
+    if not stored:
+        return False
+    if oldest is None or parse_cursor(stored[0].id) < parse_cursor(oldest):
         return None
-    return False
+    # The database's next event is the bus's oldest: the bus continues right after `last`.
+    return stored[0].id == oldest
 
 
 async def _store_has_between(
