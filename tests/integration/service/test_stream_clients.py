@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
-    STACKS,
+    BUSES,
     Api,
     FakeLLM,
     GatedAgent,
@@ -34,7 +34,7 @@ def largest_send_buffer() -> int:
         return 4 * 1024 * 1024
 
 
-@STACKS
+@BUSES
 def test_closing_streams_at_any_point_never_cancels_the_run(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -62,13 +62,7 @@ def test_closing_streams_at_any_point_never_cancels_the_run(
     assert stored[-1]["data"]["status"] == "completed"
 
 
-@pytest.mark.parametrize(
-    ("database_backend", "redis_bus"),
-    [
-        pytest.param("sqlite", False, id="sqlite-memory"),
-        pytest.param("sqlite", True, id="sqlite-redis", marks=pytest.mark.redis),
-    ],
-)
+@BUSES
 def test_a_client_that_reads_nothing_stalls_neither_the_run_nor_another_client(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],

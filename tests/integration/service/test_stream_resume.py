@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    BUSES,
     STACKS,
     Api,
     FakeLLM,
@@ -73,7 +74,7 @@ def test_reconnecting_after_k_events_again_and_again_yields_every_stored_event_o
     assert deltas == done["answer"]
 
 
-@STACKS
+@BUSES
 def test_last_event_id_header_wins_over_the_after_query(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -96,7 +97,7 @@ def test_last_event_id_header_wins_over_the_after_query(
     assert as_stored(received) == stored[2:]
 
 
-@STACKS
+@BUSES
 def test_without_a_cursor_the_stream_starts_at_the_first_event_of_the_active_or_latest_run(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -124,7 +125,7 @@ def test_without_a_cursor_the_stream_starts_at_the_first_event_of_the_active_or_
         assert as_stored(response.read()) == second
 
 
-@STACKS
+@BUSES
 def test_a_reconnect_at_the_latest_done_with_no_run_active_gets_204(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],

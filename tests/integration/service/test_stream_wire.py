@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    BUSES,
     STACKS,
     Api,
     FakeLLM,
@@ -26,7 +27,7 @@ from tests.support.server import ServerThread
 pytestmark = pytest.mark.timeout(30)
 
 
-@STACKS
+@BUSES
 def test_a_quiet_stream_sends_pings_has_sse_headers_and_ends_after_done(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],
@@ -81,7 +82,7 @@ def test_an_event_is_the_same_live_replayed_and_from_the_runs_events(
     assert api.run(run_id)["answer"] == done["answer"]
 
 
-@STACKS
+@BUSES
 def test_a_run_cancelled_mid_answer_ends_with_a_done_whose_answer_is_the_deltas_sent(
     redis_bus: bool,
     start_service: Callable[..., ServerThread],

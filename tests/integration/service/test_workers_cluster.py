@@ -2,7 +2,8 @@
 
 Two workers, A and B, serve the whole module. A run started through one is streamed, interrupted
 and cancelled through the other; a worker killed with SIGKILL or stopped with SIGTERM mid-run
-leaves no run ``running`` and no client without its ``done``. The model is the fake OpenAI server
+leaves no run ``running`` and no client without its ``done``. The workers those tests stop are
+started with A and B, all at once (each start imports the whole app). The model is the fake OpenAI server
 in this process, whose loop calls wait for a gate the test opens: runs last exactly as long as a
 test needs, with no sleeps.
 """
@@ -36,9 +37,20 @@ from tests.support.server import ServerProcess, wait_until
 pytestmark = [pytest.mark.timeout(30), pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
 
+ROLES: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+STOPPED_ROLES: dict[str, dict[str, str]] = {
+    "killed": {"RUN_LEASE_S": "1"},
+    "long-grace": {"SHUTDOWN_GRACE_S": "15"},
+    "short-grace": {"SHUTDOWN_GRACE_S": "1"},
+}
+"""The workers of the module and their settings (RUN_LEASE_S is 2 unless said); those a test stops
+start in the background once A and B are up."""
+
+
 @pytest.fixture(scope="module")
 def cluster(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Workers A and B (``cluster.workers[:2]``) on a PostgreSQL database of this module."""
+    """The workers of ``ROLES`` and ``STOPPED_ROLES`` (``cluster.role(name)``) on a PostgreSQL
+    database of this module."""
     name = f"agentstream_test_{secrets.token_hex(6)}"
     postgres_server.create_database(name)
     url = postgres_server.async_url(name)
@@ -47,7 +59,8 @@ def cluster(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFa
         with fake_llm_serving() as llm, redis_keys(new_redis_prefix()) as prefix:
             cluster = Cluster(url, llm, prefix, tmp_path_factory.mktemp("workers"))
             try:
-                cluster.start(2)
+                cluster.start_roles(ROLES)
+                cluster.start_roles_in_background(STOPPED_ROLES)
                 yield cluster
             finally:
                 cluster.close()
@@ -57,7 +70,7 @@ def cluster(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture
 def a_and_b(cluster: Cluster, clients: Callable[..., Api]) -> Iterator[tuple[Api, Api]]:
-    a, b = cluster.workers[:2]
+    a, b = cluster.role("a"), cluster.role("b")
     for worker in (a, b):
         assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
     yield clients(a.base_url), clients(b.base_url)
@@ -75,7 +88,7 @@ def test_killing_the_worker_that_runs_a_run_gets_it_closed_as_failed_by_another(
 ) -> None:
     _, b = a_and_b
     agent = cluster.llm.play(GatedAgent(tokens=400, delay_s=0.01))
-    (victim,) = cluster.start(1)
+    victim = cluster.role("killed")
     v = clients(victim.base_url)
     conv = v.create_conversation()
     run_id = v.start_run(conv, "a long answer")
@@ -126,8 +139,7 @@ def test_sigterm_ends_the_workers_streams_and_closes_its_runs_within_the_grace(
 ) -> None:
     _, b = a_and_b
     agent = cluster.llm.play(GatedAgent(tokens=20))
-    grace = 15.0 if finishes_in_grace else 1.0
-    (worker,) = cluster.start(1, SHUTDOWN_GRACE_S=str(grace))
+    worker = cluster.role("long-grace" if finishes_in_grace else "short-grace")
     w = clients(worker.base_url)
     conv = w.create_conversation()
     agent.close_gate()

@@ -8,7 +8,6 @@ Redis a single process serves, and a run its crashed predecessor left ``running`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     GatedAgent,
     as_stored,
     clients_fixture,
-    gated_llm_fixture,
+    fake_llm_serving,
     new_redis_prefix,
     redis_keys,
     service_settings,
@@ -32,48 +31,65 @@ from tests.support.server import ServerThread, wait_until
 pytestmark = [pytest.mark.timeout(30), pytest.mark.slow]
 
 
-@pytest.fixture
-def sqlite_file(sqlite_migrated_template: Path, tmp_path: Path) -> str:
-    """A migrated SQLite file of this test alone, as a database URL."""
-    path = tmp_path / "shared.db"
-    path.write_bytes(sqlite_migrated_template.read_bytes())
+def migrated_copy(template: Path, directory: Path) -> str:
+    """A copy of the migrated SQLite template in ``directory``, as a database URL."""
+    path = directory / "agentstream.db"
+    path.write_bytes(template.read_bytes())
     return f"sqlite+aiosqlite:///{path}"
 
 
-@pytest.fixture
-def cluster_on(gated_llm: FakeLLM, tmp_path: Path) -> Iterator[Callable[[str, bool], Cluster]]:
-    made: list[Cluster] = []
+@pytest.fixture(scope="module")
+def llm() -> Iterator[FakeLLM]:
+    with fake_llm_serving() as fake:
+        yield fake
 
-    def make(database_url: str, redis: bool) -> Cluster:
-        prefix = stack.enter_context(redis_keys(new_redis_prefix())) if redis else None
-        cluster = Cluster(database_url, gated_llm, prefix, tmp_path)
-        made.append(cluster)
-        return cluster
 
-    with ExitStack() as stack:
-        yield make
-        for cluster in made:
-            cluster.close()
+@pytest.fixture(scope="module")
+def clusters(
+    llm: FakeLLM, sqlite_migrated_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Cluster]]:
+    """All the workers of the module, started in the background at once (each start imports the app).
+
+    "shared-file": workers "a" and "b" on one SQLite file and Redis; "redisless": a worker
+    "crashing" without Redis on a SQLite file of its own.
+    """
+    shared, redisless = tmp_path_factory.mktemp("shared-sqlite"), tmp_path_factory.mktemp("redisless")
+    with redis_keys(new_redis_prefix()) as prefix:
+        made = {
+            "shared-file": Cluster(migrated_copy(sqlite_migrated_template, shared), llm, prefix, shared),
+            "redisless": Cluster(migrated_copy(sqlite_migrated_template, redisless), llm, None, redisless),
+        }
+        try:
+            made["shared-file"].start_roles_in_background({"a": {}, "b": {}})
+            made["redisless"].start_roles_in_background({"crashing": {"RUN_LEASE_S": "1"}})
+            yield made
+        finally:
+            for cluster in made.values():
+                cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def _open_gate_after(llm: FakeLLM) -> Iterator[None]:
+    yield
+    llm.agent.gate.set()
 
 
 @pytest.mark.redis
 def test_two_workers_sharing_one_sqlite_file_serve_each_others_runs(
-    sqlite_file: str, cluster_on: Callable[[str, bool], Cluster], clients: Callable[..., Api]
+    clusters: dict[str, Cluster], clients: Callable[..., Api]
 ) -> None:
-    cluster = cluster_on(sqlite_file, True)
-    a, b = cluster.start(2)
-    start_stream_interrupt_and_cancel_across_workers(cluster.llm, clients(a.base_url), clients(b.base_url))
+    cluster = clusters["shared-file"]
+    a, b = (clients(cluster.role(name).base_url) for name in ("a", "b"))
+    start_stream_interrupt_and_cancel_across_workers(cluster.llm, a, b)
 
 
 def test_without_redis_a_run_left_running_by_a_crashed_worker_is_closed_by_the_next_ones_reaper(
-    sqlite_file: str,
-    cluster_on: Callable[[str, bool], Cluster],
-    clients: Callable[..., Api],
+    clusters: dict[str, Cluster], clients: Callable[..., Api]
 ) -> None:
-    cluster = cluster_on(sqlite_file, False)
+    cluster = clusters["redisless"]
     agent = cluster.llm.play(GatedAgent(tokens=5))
     agent.close_gate()
-    (crashing,) = cluster.start(1, RUN_LEASE_S="1")
+    crashing = cluster.role("crashing")
     api = clients(crashing.base_url)
     conv = api.create_conversation()
     run_id = api.start_run(conv, "question")
@@ -83,7 +99,7 @@ def test_without_redis_a_run_left_running_by_a_crashed_worker_is_closed_by_the_n
         crashing.kill()
 
     # The next worker (in this process: it shares nothing with the dead one but the file).
-    settings = service_settings(sqlite_file, cluster.llm.base_url, run_lease_s=1.0)
+    settings = service_settings(cluster.database_url, cluster.llm.base_url, run_lease_s=1.0)
     successor = ServerThread(settings).start()
     try:
         after = clients(successor.base_url)

@@ -3,7 +3,7 @@
 - ``GatedAgent``: a fake OpenAI behaviour whose loop calls wait for a gate the test opens, so a run
   lasts exactly as long as the test needs, with no sleeps.
 - ``Api``: a small sync client of one service (REST calls and SSE streams through httpx).
-- ``STACKS``: the databases x buses a stream test runs on.
+- ``STACKS``, ``BUSES``: the databases x buses a stream test runs on.
 - fixtures: ``gated_llm`` (a started fake server playing a ``GatedAgent``), ``redis_prefix`` (a
   unique key prefix whose keys are deleted afterwards), ``clients`` (makes ``Api``s, closed after
   the test), ``start_service`` (in-thread servers on this test's database, stopped after it).
@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,15 @@ STACKS = pytest.mark.parametrize(
     ],
 )
 """Database and bus of a single-worker stream test (the bus decides; the database is the fallback)."""
+
+BUSES = pytest.mark.parametrize(
+    ("database_backend", "redis_bus"),
+    [
+        pytest.param("sqlite", False, id="sqlite-memory"),
+        pytest.param("sqlite", True, id="sqlite-redis", marks=pytest.mark.redis),
+    ],
+)
+"""Both buses, on SQLite: for the stream tests whose database only keeps what the bus carried."""
 
 READ_TIMEOUT_S = 10.0
 """Longest silence a test client accepts on a stream (pings come far more often)."""
@@ -199,6 +208,10 @@ class Cluster:
         self.redis_prefix = redis_prefix
         self.log_dir = log_dir
         self.workers: list[ServerProcess] = []
+        self._lock = threading.Lock()
+        self.roles: dict[str, ServerProcess] = {}
+        self._pending: dict[str, Future[list[ServerProcess]]] = {}
+        self._background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="worker-start")
 
     def env(self, **overrides: str) -> dict[str, str]:
         redis: dict[str, str] = {}
@@ -207,10 +220,30 @@ class Cluster:
         return worker_env(self.database_url, self.llm.base_url, **redis, **overrides)
 
     def start(self, count: int = 1, **overrides: str) -> list[ServerProcess]:
-        started = [ServerProcess(self.env(**overrides)) for _ in range(count)]
-        first = len(self.workers)
-        self.workers += started
-        with ThreadPoolExecutor(max_workers=count) as pool:
+        return self._start_all([self.env(**overrides) for _ in range(count)])
+
+    def start_roles(self, roles: dict[str, dict[str, str]]) -> None:
+        """One worker per role, each with its own settings, all started at once; ``role()`` has them."""
+        started = self._start_all([self.env(**overrides) for overrides in roles.values()])
+        self.roles.update(zip(roles, started, strict=True))
+
+    def start_roles_in_background(self, roles: dict[str, dict[str, str]]) -> None:
+        """Like ``start_roles`` but returns at once: the workers start while tests run."""
+        for name, overrides in roles.items():
+            self._pending[name] = self._background.submit(self.start, 1, **overrides)
+
+    def role(self, name: str) -> ServerProcess:
+        """The worker started for ``name``, once it is up."""
+        if name not in self.roles:
+            (self.roles[name],) = self._pending.pop(name).result()
+        return self.roles[name]
+
+    def _start_all(self, envs: list[dict[str, str]]) -> list[ServerProcess]:
+        started = [ServerProcess(env) for env in envs]
+        with self._lock:
+            first = len(self.workers)
+            self.workers += started
+        with ThreadPoolExecutor(max_workers=len(started)) as pool:
             futures = [
                 pool.submit(worker.start, self.log_dir / f"worker-{first + i}.log")
                 for i, worker in enumerate(started)
@@ -223,6 +256,7 @@ class Cluster:
 
     def close(self) -> None:
         self.llm.agent.gate.set()
+        self._background.shutdown(wait=True, cancel_futures=True)
         for worker in self.workers:
             worker.kill()
 
