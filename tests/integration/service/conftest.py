@@ -2,9 +2,13 @@
 
 - ``service(...)``: a factory; each call starts a ``ServerThread`` on this test's database and
   returns a ``Service``; every one is stopped (and its Redis keys deleted) after the test. The
-  database is ``migrated_database_url`` on ``database_backend`` and the bus is ``bus``; both default
-  to SQLite and the in-process bus here, and ``STACKS`` parametrises a test over
-  {sqlite, postgres} x {memory, redis}.
+  database is ``migrated_database_url`` on ``database_backend`` (SQLite in the ``test_api_*``
+  modules unless a test parametrises it); the bus is in-process unless ``redis_url`` is given.
+- ``stack``: one service per module on each of {sqlite, postgres} x {memory, redis}, for the main
+  happy paths; ``stack_api`` is a fresh caller on it.
+- ``shared_service``: one service per module on SQLite and the in-process bus; ``alice`` and
+  ``bob`` are two fresh callers on it. Shared services know many keys, and every test gets owners
+  nobody used before, so it sees an empty world however many tests ran on the server before it.
 - ``fake_llm``: a started ``FakeOpenAIServer``; ``service(llm=fake_llm)`` replaces the demo model.
 - ``Api``: an httpx client acting as one caller, with the calls the tests repeat.
 """
@@ -35,21 +39,9 @@ from tests.support.sse import SseEvent, iter_sse, read_events
 KEYS = "alice:ka,bob:kb"
 ALICE_KEY = "ka"
 BOB_KEY = "kb"
-UNSET = object()
-"""``service(redis_url=...)`` default: follow the ``bus`` fixture."""
-
-STACKS = pytest.mark.parametrize(
-    ("database_backend", "bus"),
-    [
-        pytest.param("sqlite", "memory", id="sqlite-memory"),
-        pytest.param("sqlite", "redis", id="sqlite-redis", marks=pytest.mark.redis),
-        pytest.param("postgres", "memory", id="postgres-memory", marks=pytest.mark.postgres),
-        pytest.param(
-            "postgres", "redis", id="postgres-redis", marks=[pytest.mark.postgres, pytest.mark.redis]
-        ),
-    ],
-)
-"""The main happy paths run on every database and bus the service supports."""
+SHARED_OWNERS = 100
+"""How many fresh owners a shared service can hand out."""
+SHARED_KEYS = ",".join(f"owner{i}:key-{i:03d}" for i in range(SHARED_OWNERS))
 
 
 @dataclass
@@ -73,6 +65,7 @@ class Api:
     """One caller of the service (a key, or none), over one httpx client."""
 
     def __init__(self, base_url: str, key: str | None) -> None:
+        self.key = key
         headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=15.0)
 
@@ -169,6 +162,7 @@ class Service:
     settings: Settings
     fake_llm: FakeOpenAIServer | None
     _apis: list[Api] = field(default_factory=list)
+    _owners_used: int = 0
 
     @property
     def base_url(self) -> str:
@@ -184,6 +178,12 @@ class Service:
         self._apis.append(api)
         return api
 
+    def fresh_api(self) -> Api:
+        """A caller no test used before (shared services only: they know ``SHARED_KEYS``)."""
+        self._owners_used += 1
+        assert self._owners_used <= SHARED_OWNERS, "raise SHARED_OWNERS"
+        return self.api(f"key-{self._owners_used - 1:03d}")
+
     def add_tool(self, tool: Tool) -> None:
         self.services.tools.register(tool)
 
@@ -198,7 +198,7 @@ ServiceFactory = Callable[..., Service]
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """The API tests run on SQLite only, unless they parametrise ``database_backend`` (``STACKS``).
+    """The API tests run on SQLite only, unless they parametrise ``database_backend``.
 
     Limited to the ``test_api_*`` modules: the other tests of this folder keep the database
     matrix of ``tests/integration/conftest.py``.
@@ -213,12 +213,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             return
     # A marker, not metafunc.parametrize(): the fixture's own params then stand aside.
     metafunc.definition.add_marker(pytest.mark.parametrize("database_backend", ["sqlite"]))
-
-
-@pytest.fixture
-def bus() -> str:
-    """The in-process bus unless the test parametrises it (``STACKS``)."""
-    return "memory"
 
 
 @pytest.fixture
@@ -241,7 +235,7 @@ def _delete_keys(prefix: str) -> None:
 
 
 @pytest.fixture
-def service(migrated_database_url: str, bus: str) -> Iterator[ServiceFactory]:
+def service(migrated_database_url: str) -> Iterator[ServiceFactory]:
     """``service(api_keys=..., llm=fake_llm, redis_url=..., **settings)`` -> a started ``Service``."""
     started: list[Service] = []
     prefixes: list[str] = []
@@ -250,11 +244,9 @@ def service(migrated_database_url: str, bus: str) -> Iterator[ServiceFactory]:
         *,
         api_keys: str | None = None,
         llm: FakeOpenAIServer | None = None,
-        redis_url: Any = UNSET,
+        redis_url: str | None = None,
         **overrides: Any,
     ) -> Service:
-        if redis_url is UNSET:
-            redis_url = REDIS_URL if bus == "redis" else None
         prefix = f"agentstream-test:api-{secrets.token_hex(6)}"
         if redis_url is not None:
             prefixes.append(prefix)
@@ -287,27 +279,28 @@ def service(migrated_database_url: str, bus: str) -> Iterator[ServiceFactory]:
             _delete_keys(prefix)
 
 
-@pytest.fixture(scope="module")
-def shared_service(
-    sqlite_migrated_template: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    """One service per module (SQLite, in-process bus, demo model, keys of alice and bob).
-
-    For the many small tests that need no server of their own: they make their own conversations
-    and compare what they can see before and after, never assume an empty database.
-    """
-    path = tmp_path_factory.mktemp("shared-service") / "agentstream.db"
-    shutil.copyfile(sqlite_migrated_template, path)
-    settings = Settings(  # type: ignore[call-arg]
+def shared_settings(database_url: str, redis_url: str | None = None) -> Settings:
+    return Settings(  # type: ignore[call-arg]
         _env_file=None,
-        database_url=f"sqlite+aiosqlite:///{path}",
-        redis_url=None,
-        api_keys=KEYS,
+        database_url=database_url,
+        redis_url=redis_url,
+        redis_key_prefix=f"agentstream-test:api-{secrets.token_hex(6)}",
+        api_keys=SHARED_KEYS,
         llm_base_url=None,
         demo_delay_s=0,
         shutdown_grace_s=0,
         log_level="WARNING",
     )
+
+
+@pytest.fixture(scope="module")
+def shared_service(
+    sqlite_migrated_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """One service per module: SQLite, in-process bus, demo model, ``SHARED_KEYS``."""
+    path = tmp_path_factory.mktemp("shared-service") / "agentstream.db"
+    shutil.copyfile(sqlite_migrated_template, path)
+    settings = shared_settings(f"sqlite+aiosqlite:///{path}")
     svc = Service(ServerThread(settings).start(), settings, None)
     try:
         yield svc
@@ -316,21 +309,53 @@ def shared_service(
 
 
 @pytest.fixture
-def alice(shared_service: Service) -> Iterator[Api]:
-    api = Api(shared_service.base_url, ALICE_KEY)
-    try:
-        yield api
-    finally:
-        api.close()
+def alice(shared_service: Service) -> Api:
+    return shared_service.fresh_api()
 
 
 @pytest.fixture
-def bob(shared_service: Service) -> Iterator[Api]:
-    api = Api(shared_service.base_url, BOB_KEY)
+def bob(shared_service: Service) -> Api:
+    return shared_service.fresh_api()
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("sqlite", "memory"), id="sqlite-memory"),
+        pytest.param(("sqlite", "redis"), id="sqlite-redis", marks=pytest.mark.redis),
+        pytest.param(("postgres", "memory"), id="postgres-memory", marks=pytest.mark.postgres),
+        pytest.param(
+            ("postgres", "redis"), id="postgres-redis", marks=[pytest.mark.postgres, pytest.mark.redis]
+        ),
+    ],
+)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """One service per module and per {sqlite, postgres} x {memory, redis}, with ``SHARED_KEYS``."""
+    database, bus_kind = request.param
+    if database == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_migrated_template")
+        path = tmp_path_factory.mktemp("stack") / "agentstream.db"
+        shutil.copyfile(template, path)
+        url = f"sqlite+aiosqlite:///{path}"
+    else:
+        # The session's migrated database; tests that use it on their own empty it first.
+        server = request.getfixturevalue("postgres_server")
+        name = request.getfixturevalue("postgres_migrated_database")
+        server.empty_tables(name)
+        url = server.async_url(name)
+    settings = shared_settings(url, REDIS_URL if bus_kind == "redis" else None)
+    svc = Service(ServerThread(settings).start(), settings, None)
     try:
-        yield api
+        yield svc
     finally:
-        api.close()
+        svc.stop()
+        if bus_kind == "redis":
+            _delete_keys(settings.redis_key_prefix)
+
+
+@pytest.fixture
+def stack_api(stack: Service) -> Api:
+    return stack.fresh_api()
 
 
 @pytest.fixture

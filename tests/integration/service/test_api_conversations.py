@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.integration.service.conftest import STACKS, Api, ServiceFactory
+from tests.integration.service.conftest import Api, ServiceFactory
 from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
 from tests.support.server import wait_until
 
@@ -25,9 +25,8 @@ def test_tools_lists_every_builtin_tool_with_name_description_and_json_schema(al
     assert "expression" in calculator["parameters"]["properties"]
 
 
-@STACKS
-def test_create_without_a_body_then_read_it_back(service: ServiceFactory) -> None:
-    api = service().api()
+def test_create_without_a_body_then_read_it_back(stack_api: Api) -> None:
+    api = stack_api
 
     created = api.create_conversation()
     detail = api.conversation(created["id"])
@@ -90,9 +89,8 @@ def test_an_invalid_agent_spec_is_422_and_creates_nothing(
     assert api.snapshot() == before
 
 
-@STACKS
-def test_list_is_newest_first_in_pages_until_next_cursor_is_null(service: ServiceFactory) -> None:
-    api = service().api()
+def test_list_is_newest_first_in_pages_until_next_cursor_is_null(stack_api: Api) -> None:
+    api = stack_api
     ids = [api.create_conversation({"title": f"c{i}"})["id"] for i in range(5)]
 
     seen: list[str] = []
@@ -115,8 +113,8 @@ def test_list_is_newest_first_in_pages_until_next_cursor_is_null(service: Servic
     assert pages == 3
 
 
-def test_a_full_last_page_has_a_null_next_cursor(service: ServiceFactory) -> None:
-    api = service().api()
+def test_a_full_last_page_has_a_null_next_cursor(alice: Api) -> None:
+    api = alice
     for i in range(2):
         api.create_conversation({"title": f"c{i}"})
 
@@ -195,9 +193,8 @@ def test_unknown_conversation_is_404_on_read_and_delete(alice: Api) -> None:
         assert response.json()["error"]["code"] == "not_found"
 
 
-@STACKS
-def test_delete_is_204_then_the_conversation_its_runs_and_events_are_gone(service: ServiceFactory) -> None:
-    api = service().api()
+def test_delete_is_204_then_the_conversation_its_runs_and_events_are_gone(stack_api: Api) -> None:
+    api = stack_api
     keep = api.create_conversation({"title": "keep"})
     conv = api.create_conversation({"title": "drop"})
     outcome = api.run(conv["id"], "What is 2+2?")

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.service.conftest import STACKS, ServiceFactory
+from tests.integration.service.conftest import Api, Service, ServiceFactory
 from tests.support.server import wait_until
 
 
@@ -18,9 +18,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-@STACKS
-def test_healthz_and_readyz_answer_ok_when_database_and_bus_are_up(service: ServiceFactory) -> None:
-    api = service().api()
+def test_healthz_and_readyz_answer_ok_when_database_and_bus_are_up(stack_api: Api) -> None:
+    api = stack_api
 
     health = api.http.get("/healthz")
     ready = api.http.get("/readyz")
@@ -72,8 +71,8 @@ def test_metrics_count_runs_streams_events_llm_and_tool_calls_after_a_run(servic
     assert values[("agentstream_llm_latency_seconds_count", (("kind", "stream"),))] >= 1
 
 
-def test_probes_need_no_key_while_api_routes_do(service: ServiceFactory) -> None:
-    svc = service(api_keys="alice:ka")
+def test_probes_need_no_key_while_api_routes_do(shared_service: Service) -> None:
+    svc = shared_service
 
     assert httpx.get(f"{svc.base_url}/healthz").status_code == 200
     assert httpx.get(f"{svc.base_url}/readyz").status_code == 200

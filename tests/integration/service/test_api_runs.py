@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from app.tools.registry import Tool
-from tests.integration.service.conftest import STACKS, Api, Service, ServiceFactory
+from tests.integration.service.conftest import Api, Service, ServiceFactory
 from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
 from tests.support.sse import SseEvent
 
@@ -44,11 +44,8 @@ def rest(items: Iterator[SseEvent | str]) -> list[SseEvent]:
     return [item for item in items if isinstance(item, SseEvent)]
 
 
-@STACKS
-def test_a_run_is_202_streams_to_done_and_its_record_and_events_match_the_stream(
-    service: ServiceFactory,
-) -> None:
-    api = service().api()
+def test_a_run_is_202_streams_to_done_and_its_record_and_events_match_the_stream(stack_api: Api) -> None:
+    api = stack_api
     conv = api.create_conversation()
 
     response = api.http.post(f"/api/conversations/{conv['id']}/runs", json={"message": "What is 6*7?"})
@@ -268,7 +265,6 @@ def test_a_second_run_sees_the_first_runs_question_tool_calls_results_and_answer
     assert messages[-1] == {"role": "user", "content": "Are you sure?"}
 
 
-@STACKS
 def test_done_usage_adds_up_what_the_provider_reported_for_every_call(
     service: ServiceFactory, fake_llm: FakeOpenAIServer
 ) -> None:
