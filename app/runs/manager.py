@@ -35,7 +35,9 @@ from app.tools.registry import ToolRegistry
 
 log = logging.getLogger("app.runs")
 
-CancelReason = Literal["user", "shutdown"]
+CancelReason = Literal["user", "shutdown", "lost"]
+"""Why a run's task was cancelled: by its user, by this worker's shutdown, or because another
+worker already closed it (its lease ran out while this worker was unresponsive)."""
 
 
 class CancelSignal:
@@ -56,6 +58,8 @@ class _ActiveRun:
     started: float = field(default_factory=time.monotonic)
     usage: Usage = field(default_factory=Usage)
     """Filled by the engine as calls complete; what a cancelled run reports."""
+    finishing: bool = False
+    """The engine is done and the run is being closed: a cancel now would only interrupt that."""
     answer_parts: list[str] = field(default_factory=list)
     """The answer deltas sent so far: a run stopped mid-answer reports them as its answer, so the
     deltas a client saw still add up to ``done.answer``."""
@@ -118,8 +122,7 @@ class RunManager:
             _, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace_s)
             for active in list(self._active.values()):
                 if active.task is not None and active.task in still:
-                    active.cancel_reason = "shutdown"
-                    active.task.cancel()
+                    self._cancel_local(active, "shutdown")
             if still:
                 await asyncio.wait(still, timeout=10)
         for task in self._background:
@@ -225,6 +228,8 @@ class RunManager:
 
     @staticmethod
     def _cancel_local(active: _ActiveRun, reason: CancelReason) -> None:
+        if active.finishing:
+            return
         if active.cancel_reason is None:
             active.cancel_reason = reason
         if active.task is not None and not active.task.done():
@@ -311,13 +316,22 @@ class RunManager:
                 task.uncancel()
             if active.cancel_reason == "user":
                 status, error = "cancelled", "cancelled by the user"
+            elif active.cancel_reason == "lost":
+                status, error = "failed", "another worker closed the run (its lease expired)"
             else:
                 status, error = "failed", "the worker shut down before the run finished"
         except Exception as exc:
             log.exception("run crashed")
             status, error = "failed", f"internal error: {type(exc).__name__}"
+        active.finishing = True
         try:
-            await self._finish(active, publisher, queue, result, engine_done, status, error)
+            if active.cancel_reason == "lost":
+                # Closed with its done by another worker: add nothing after that done, and leave
+                # the conversation's queue to whichever run comes next.
+                log.warning("run was closed by another worker; stopped it here")
+                await publisher.close()
+            else:
+                await self._finish(active, publisher, queue, result, engine_done, status, error)
         except Exception:
             log.exception("could not close the run cleanly")
         finally:
@@ -399,8 +413,15 @@ class RunManager:
                 continue
             try:
                 await self.runs.renew_leases(list(self._active), self.worker_id, self.settings.run_lease_s)
+                still_ours = {run.id for run in await self.runs.running_of_worker(self.worker_id)}
             except Exception:
                 log.warning("lease renewal failed", exc_info=True)
+                continue
+            for run_id, active in list(self._active.items()):
+                if run_id not in still_ours and not active.finishing:
+                    # This worker stalled past the lease and another one closed the run: stop it.
+                    log.warning("run lost its lease to another worker", extra={"run_id": run_id})
+                    self._cancel_local(active, "lost")
 
     async def _reaper_loop(self) -> None:
         interval = max(self.settings.run_lease_s / 2, 0.05)

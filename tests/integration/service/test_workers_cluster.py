@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.timeout(30), pytest.mark.slow, pytest.mark.postgres, p
 ROLES: dict[str, dict[str, str]] = {"a": {}, "b": {}}
 STOPPED_ROLES: dict[str, dict[str, str]] = {
     "killed": {"RUN_LEASE_S": "1"},
+    "stalled": {"RUN_LEASE_S": "1"},
     "long-grace": {"SHUTDOWN_GRACE_S": "15"},
     "short-grace": {"SHUTDOWN_GRACE_S": "1"},
 }
@@ -115,6 +116,45 @@ def test_killing_the_worker_that_runs_a_run_gets_it_closed_as_failed_by_another(
     ids = [e["id"] for e in stored]
     assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
     assert len(set(ids)) == len(ids)
+
+
+def active_runs(worker: ServerProcess) -> float:
+    metrics = httpx.get(f"{worker.base_url}/metrics", timeout=5).text
+    line = next(line for line in metrics.splitlines() if line.startswith("agentstream_active_runs "))
+    return float(line.split()[1])
+
+
+def test_a_worker_that_stalls_past_its_lease_stops_the_run_another_worker_closed(
+    cluster: Cluster, a_and_b: tuple[Api, Api], clients: Callable[..., Api]
+) -> None:
+    _, b = a_and_b
+    agent = cluster.llm.play(GatedAgent(tokens=5))
+    worker = cluster.role("stalled")
+    assert worker.proc is not None
+    w = clients(worker.base_url)
+    conv = w.create_conversation()
+    agent.close_gate()
+    run_id = w.start_run(conv, "question")
+
+    with b.stream(conv) as stream:
+        received = stream.read(until=thinking)
+        wait_until(lambda: agent.loop_calls == 1, what="the model call")
+        worker.proc.send_signal(signal.SIGSTOP)
+        try:
+            received += stream.read()  # the other workers take it for dead and close its run
+        finally:
+            worker.proc.send_signal(signal.SIGCONT)
+    assert received[-1].event == "done"
+    assert received[-1].data["status"] == "failed"
+
+    # Awake again, the worker sees the run closed elsewhere and stops it before it goes on.
+    wait_until(lambda: active_runs(worker) == 0, timeout=10, what="the stalled worker to drop its run")
+    agent.gate.set()
+    assert w.run(run_id)["status"] == "failed"
+    assert as_stored(received) == b.wait_stored(run_id), "events came after the done"
+    # The conversation is usable on that worker again.
+    next_id = w.start_run(conv, "again")
+    assert w.wait_finished(next_id)["status"] == "completed"
 
 
 def sigterm(worker: ServerProcess) -> None:
