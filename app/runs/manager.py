@@ -179,7 +179,7 @@ class RunManager:
         await self.conversations.add_messages(conv_id, run.id, [ChatMessage(role="user", content=message)])
         await self.conversations.touch(conv_id)
         # Follow-ups left over from an earlier run were already reported; start clean.
-        await self.interrupt_queue(conv_id).drain()
+        await _drain_quietly(self.interrupt_queue(conv_id))
         active = _ActiveRun(run.id, conv_id)
         self._active[run.id] = active
         self.metrics.runs_started.inc()
@@ -350,7 +350,7 @@ class RunManager:
     ) -> None:
         conv_id = active.conversation_id
         pending = list(result.pending_injections) if result is not None else []
-        pending += await queue.drain()
+        pending += await _drain_quietly(queue)
         if result is not None:
             new_messages = list(result.messages)
             if new_messages and new_messages[0].role == "user":
@@ -511,6 +511,16 @@ class RunManager:
                 after = batch[-1].id
         except Exception:
             log.warning("could not salvage the lost run's events from the bus", exc_info=True)
+
+
+async def _drain_quietly(queue: InterruptQueue) -> list[str]:
+    """The queue's follow-ups, or none while its store (Redis) is unreachable: a run must still
+    start, and end with its done, during an outage."""
+    try:
+        return await queue.drain()
+    except Exception as exc:
+        log.warning("could not drain the interrupt queue", extra={"error": repr(exc)})
+        return []
 
 
 def _progress(events: list[StoredEvent]) -> tuple[str, int]:

@@ -349,6 +349,9 @@ class RunPublisher:
                     "event bus append failed; retrying",
                     extra={**self._context, "error": str(exc)},
                 )
+                # The run goes on meanwhile: what it published since is stored now (readers get
+                # it from the database while the bus is down) and joins this batch for the bus.
+                batch = batch + await self._take_during_outage()
                 await asyncio.sleep(_backoff(attempt, 1.0))
                 attempt += 1
                 continue
@@ -358,6 +361,18 @@ class RunPublisher:
                 except Exception:
                     log.warning("on_published callback failed", exc_info=True)
             return
+
+    async def _take_during_outage(self) -> list[StoredEvent]:
+        """Events published while a bus append is retried, queued for the store at once."""
+        if not self._pending:
+            return []
+        more = self._take()
+        if self._store_error is None:
+            self._to_store.extend(more)
+            self._store_wake.set()
+            if any(event.is_done for event in more):
+                await self._store_caught_up()  # as in _send_forever: done after everything else
+        return more
 
     async def _store_loop(self) -> None:
         try:

@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("app.streaming.signals")
 
@@ -52,7 +54,13 @@ class RedisInterruptQueue:
         pipe = self._redis.pipeline(transaction=True)
         pipe.lrange(self._key, 0, -1)
         pipe.delete(self._key)
-        items, _ = await pipe.execute()
+        try:
+            items, _ = await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            # Redis is restarting: nothing can be taken now, and what it still holds is taken by
+            # the next drain. The run goes on (and ends with its done) through the outage.
+            log.warning("interrupt queue unreachable; nothing drained", extra={"error": str(exc)})
+            return []
         return [_text(item) for item in items]
 
 
