@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.db.errors import ConversationNotFoundError
 from app.errors import ServiceError, UnauthorizedError
 
 log = logging.getLogger("app.api")
@@ -46,6 +47,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, UnauthorizedError) else None
         return error_response(exc.status, exc.code, exc.message, headers)
+
+    @app.exception_handler(ConversationNotFoundError)
+    async def _conversation_gone(_: Request, exc: ConversationNotFoundError) -> JSONResponse:
+        # Deleted between the route's ownership check and its write (a concurrent DELETE).
+        return error_response(404, "not_found", "conversation not found")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
-from app.db.errors import RunActiveError
+from app.db.errors import ConversationNotFoundError, RunActiveError
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import AnswerDelta, EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
@@ -275,6 +275,7 @@ class RunManager:
             last_id=start_cursor,
             retention_s=self.settings.stream_retention_s,
             on_published=self._count_published,
+            permanent_store_errors=(ConversationNotFoundError,),
         )
         engine_done: list[RunDone] = []
 
@@ -332,9 +333,14 @@ class RunManager:
                 await publisher.close()
             else:
                 await self._finish(active, publisher, queue, result, engine_done, status, error)
+        except ConversationNotFoundError:
+            log.info("the conversation was deleted while its run worked; nothing to store")
         except Exception:
             log.exception("could not close the run cleanly")
         finally:
+            # Whatever stopped _finish, the publisher's tasks must not outlive the run.
+            with contextlib.suppress(Exception):
+                await publisher.close()
             self._active.pop(active.run_id, None)
             self.metrics.active_runs.dec()
 
@@ -473,6 +479,7 @@ class RunManager:
             last_id=await self.last_cursor(run.conversation_id),
             retention_s=self.settings.stream_retention_s,
             on_published=self._count_published,
+            permanent_store_errors=(ConversationNotFoundError,),
         )
         await publisher.publish(
             RunDone(

@@ -77,8 +77,9 @@ class RunPublisher:
 
     The bus is retried for ``bus_retry_s`` per batch; past that the publisher gives the bus up for
     the rest of the run (sending later events would leave a silent hole for live followers) and
-    readers get the events from the store. The store is retried for ``store_retry_s``; past that
-    ``flush()``/``close()`` raise ``EventPersistError``.
+    readers get the events from the store. The store is retried for ``store_retry_s``, an error
+    of ``permanent_store_errors`` not at all; past that ``flush()``/``close()`` raise
+    ``EventPersistError``.
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class RunPublisher:
         retention_s: float = 600,
         bus_retry_s: float = 30.0,
         store_retry_s: float = 120.0,
+        permanent_store_errors: tuple[type[Exception], ...] = (),
         store_interval_ms: float = 500.0,
         store_batch: int = 500,
         bus_batch: int = 1000,
@@ -110,6 +112,7 @@ class RunPublisher:
         self._retention_s = retention_s
         self._bus_retry_s = bus_retry_s
         self._store_retry_s = store_retry_s
+        self._permanent_store_errors = permanent_store_errors
         self._store_interval_s = max(0.0, store_interval_ms / 1000)
         self._store_batch = store_batch
         self._bus_batch = bus_batch
@@ -422,11 +425,13 @@ class RunPublisher:
                 now = time.monotonic()
                 if first_failure is None:
                     first_failure = now
-                if now - first_failure > self._store_retry_s:
+                # A permanent error (the conversation was deleted) will not pass by retrying.
+                permanent = isinstance(exc, self._permanent_store_errors)
+                if permanent or now - first_failure > self._store_retry_s:
                     self._store_error = EventPersistError(
                         f"could not store events of run {self.run_id} for {self._store_retry_s:.0f}s: {exc}"
                     )
-                    log.error(
+                    (log.info if permanent else log.error)(
                         "event store unusable; events of this run are not persisted",
                         extra={**self._context, "error": str(exc)},
                     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -26,7 +27,7 @@ from app.api.schemas import (
 )
 from app.container import Services
 from app.db.repositories import ConversationRecord, decode_page_cursor
-from app.errors import InvalidInputError, NotFoundError
+from app.errors import InvalidInputError, NoActiveRunError, NotFoundError
 
 router = APIRouter(tags=["conversations"])
 
@@ -125,7 +126,8 @@ async def delete_conversation(conversation_id: IdPath, services: ServicesDep, ow
     conv = await owned_conversation(services, owner, conversation_id)
     active = await services.runs.active(conv.id)
     if active is not None:
-        await services.manager.cancel(conv)
+        with contextlib.suppress(NoActiveRunError):  # it ended by itself meanwhile
+            await services.manager.cancel(conv)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if await services.runs.active(conv.id) is None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
-from tests.integration.service.conftest import Api, ServiceFactory
+from tests.integration.service.conftest import Api, LogRecorder, ServiceFactory
 from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
 from tests.support.server import wait_until
 
@@ -229,3 +231,32 @@ def test_delete_cancels_the_active_run_first(service: ServiceFactory, fake_llm: 
     assert api.http.get(f"/api/conversations/{conv['id']}").status_code == 404
     wait_until(lambda: svc.services.manager.active_count == 0, what="the run task to end")
     assert len(fake_llm.requests) == 1  # the run stopped at the blocked call
+
+
+def test_a_delete_racing_a_run_start_is_204_and_the_start_202_or_404_never_500(
+    service: ServiceFactory, app_logs: LogRecorder
+) -> None:
+    svc = service(log_level="INFO")
+    api = svc.api()
+
+    def start(conversation_id: str) -> int:
+        with httpx.Client(base_url=svc.base_url, timeout=15) as http:
+            url = f"/api/conversations/{conversation_id}/runs"
+            return http.post(url, json={"message": "What is 1+1?"}).status_code
+
+    def delete(conversation_id: str) -> int:
+        with httpx.Client(base_url=svc.base_url, timeout=15) as http:
+            return http.delete(f"/api/conversations/{conversation_id}").status_code
+
+    outcomes = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for _ in range(12):
+            conv = api.create_conversation()
+            started, deleted = pool.submit(start, conv["id"]), pool.submit(delete, conv["id"])
+            outcomes.append((started.result(), deleted.result()))
+
+    assert all(s in (202, 404) and d == 204 for s, d in outcomes), outcomes
+    # Runs that started in a conversation deleted under them end without retrying their writes.
+    wait_until(lambda: svc.services.manager.active_count == 0, timeout=10, what="every run task to end")
+    assert not [line for line in app_logs.lines if "retrying" in line or "unhandled" in line]
+    assert api.http.get("/api/conversations").json()["items"] == []

@@ -10,8 +10,10 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from app.tools.registry import Tool
@@ -291,3 +293,24 @@ def test_every_event_is_in_the_run_events_as_soon_as_done_arrives(alice: Api) ->
         outcome = alice.run(conv["id"], f"What is {i}+{i}?")
         stored = alice.run_events(outcome.run_id)
         assert stored == [{"id": e.id, "event": e.event, "data": e.data} for e in outcome.events], i
+
+
+def test_of_concurrent_starts_in_one_conversation_exactly_one_is_202(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer, release: threading.Event
+) -> None:
+    fake_llm.set_handler(lambda body: FakeReply.blocked(release, FakeReply.text("done")))
+    svc = service(llm=fake_llm)
+    conv = svc.api().create_conversation()
+
+    def start(i: int) -> httpx.Response:
+        with httpx.Client(base_url=svc.base_url, timeout=15) as http:
+            return http.post(f"/api/conversations/{conv['id']}/runs", json={"message": f"question {i}"})
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        responses = list(pool.map(start, range(6)))
+
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [202, 409, 409, 409, 409, 409]
+    assert all(r.json()["error"]["code"] == "run_active" for r in responses if r.status_code == 409)
+    users = [m for m in svc.api().conversation(conv["id"])["messages"] if m["role"] == "user"]
+    assert len(users) == 1  # the refused starts stored nothing
