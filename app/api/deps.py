@@ -23,8 +23,6 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 def _owner_for(services: Services, presented: str | None) -> str:
     keys = services.owner_keys
-    if not keys:
-        return SINGLE_USER_OWNER
     if not presented:
         raise UnauthorizedError("missing API key: send Authorization: Bearer <key>")
     owner: str | None = None
@@ -48,11 +46,19 @@ def _bearer(request: Request) -> str | None:
 
 
 def get_owner(request: Request, services: ServicesDep) -> str:
+    if not services.owner_keys:
+        # Single-user mode authenticates nothing, so it also refuses nothing: a proxy in front
+        # may well send its own Authorization header.
+        return SINGLE_USER_OWNER
     return _owner_for(services, _bearer(request))
 
 
 def get_stream_owner(request: Request, services: ServicesDep) -> str:
     """The stream route also accepts ``?access_token=``: an EventSource cannot set headers."""
+    if not services.owner_keys:
+        # Single-user mode authenticates nothing, so it also refuses nothing: a proxy in front
+        # may well send its own Authorization header.
+        return SINGLE_USER_OWNER
     token = _bearer(request) or request.query_params.get("access_token")
     return _owner_for(services, token)
 
