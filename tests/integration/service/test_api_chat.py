@@ -14,6 +14,7 @@ def chat(api: Api, body: dict[str, object]) -> list[SseEvent]:
         assert response.status_code == 200, response.read().decode(errors="replace")
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
         return read_events(response)
 
 

@@ -102,12 +102,15 @@ def test_a_second_run_while_one_is_active_is_409_run_active(
 
     second = api.http.post(f"/api/conversations/{conv['id']}/runs", json={"message": "second question"})
     during = api.conversation(conv["id"])
+    running = api.get_run(first["run_id"])
     release.set()
     events = api.stream(conv["id"])
 
     assert second.status_code == 409
     assert second.json()["error"]["code"] == "run_active"
     assert [m["content"] for m in during["messages"]] == ["first question"]
+    assert running["status"] == "running"
+    assert (running["answer"], running["finished_at"], running["error"]) == (None, None, None)
     assert events[-1].data["run_id"] == first["run_id"]
     assert events[-1].data["status"] == "completed"
     # Once it is done, the conversation takes the next run.
@@ -314,3 +317,35 @@ def test_of_concurrent_starts_in_one_conversation_exactly_one_is_202(
     assert all(r.json()["error"]["code"] == "run_active" for r in responses if r.status_code == 409)
     users = [m for m in svc.api().conversation(conv["id"])["messages"] if m["role"] == "user"]
     assert len(users) == 1  # the refused starts stored nothing
+
+
+def test_an_interrupt_too_late_for_the_loop_is_reported_in_done_and_kept_for_the_next_run(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer, release: threading.Event
+) -> None:
+    fake_llm.script(
+        FakeReply.text("Paris."),
+        FakeReply.blocked(release, FakeReply.stream(["The capital ", "is Paris."])),
+        FakeReply.text("Lyon is second."),
+        FakeReply.stream(["Lyon."]),
+    )
+    api = service(llm=fake_llm).api()
+    conv = api.create_conversation()
+    api.start_run(conv["id"], "Capital of France?")
+    fake_llm.wait_for_requests(2)  # the answer is being synthesised: the loop is over
+
+    late = api.http.post(
+        f"/api/conversations/{conv['id']}/interrupt", json={"content": "and the second city?"}
+    )
+    release.set()
+    first = api.stream(conv["id"])
+    second = api.run(conv["id"], "Go on.")
+
+    assert (late.status_code, late.json()) == (202, {"queued": 1})
+    assert first[-1].data["status"] == "completed"
+    assert first[-1].data["pending_injections"] == ["and the second city?"]
+    stored = [m for m in api.conversation(conv["id"])["messages"] if m["content"] == "and the second city?"]
+    assert len(stored) == 1 and stored[0]["pinned"] and stored[0]["role"] == "user"
+    assert second.done["status"] == "completed"
+    third_call = fake_llm.requests[2]["messages"]
+    assert any("and the second city?" in str(m.get("content")) for m in third_call)
+    fake_llm.assert_done()
