@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.integration.service.conftest import Api, LogRecorder, ServiceFactory
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply, is_json_protocol_call
 from tests.support.server import wait_until
 
 
@@ -260,3 +261,47 @@ def test_a_delete_racing_a_run_start_is_204_and_the_start_202_or_404_never_500(
     wait_until(lambda: svc.services.manager.active_count == 0, timeout=10, what="every run task to end")
     assert not [line for line in app_logs.lines if "retrying" in line or "unhandled" in line]
     assert api.http.get("/api/conversations").json()["items"] == []
+
+
+def test_the_conversations_agent_spec_shapes_what_the_model_is_sent(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.set_handler(EchoAgentBehaviour())
+    api = service(llm=fake_llm).api()
+    native = api.create_conversation(
+        {"agent": {"tools": ["calculator", "word_count"], "system_prompt": "Answer like a pirate."}}
+    )
+    json_mode = api.create_conversation({"agent": {"mode": "json"}})
+
+    api.run(native["id"], "What is 2+2?")
+    native_call = fake_llm.requests[-2]
+    api.run(json_mode["id"], "What is 3+3?")
+    json_call = fake_llm.requests[-2]
+
+    assert not native_call.get("stream") and not json_call.get("stream")
+    assert {t["function"]["name"] for t in native_call["tools"]} == {"calculator", "word_count"}
+    assert any("Answer like a pirate." in str(m["content"]) for m in native_call["messages"])
+    assert not json_call.get("tools")
+    assert is_json_protocol_call(json_call)
+
+
+def test_max_iterations_of_the_agent_spec_bounds_the_run(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer
+) -> None:
+    echo = EchoAgentBehaviour()
+
+    def always_a_tool(body: dict[str, Any]) -> FakeReply:
+        if body.get("stream") or not body.get("tools"):
+            return echo(body)
+        return FakeReply.tool_calls([("calculator", {"expression": f"{len(body['messages'])}*2"})])
+
+    fake_llm.set_handler(always_a_tool)
+    api = service(llm=fake_llm).api()
+    conv = api.create_conversation({"agent": {"max_iterations": 2, "completion_check": False}})
+
+    outcome = api.run(conv["id"], "Keep calculating.")
+
+    assert outcome.done["status"] == "completed"
+    assert outcome.done["iterations"] == 2
+    tool_steps = [e for e in outcome.events if e.event == "step" and e.data["type"] == "iteration"]
+    assert len([e for e in tool_steps if e.data["status"] == "done"]) == 2
