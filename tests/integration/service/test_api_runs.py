@@ -349,3 +349,24 @@ def test_an_interrupt_too_late_for_the_loop_is_reported_in_done_and_kept_for_the
     third_call = fake_llm.requests[2]["messages"]
     assert any("and the second city?" in str(m.get("content")) for m in third_call)
     fake_llm.assert_done()
+
+
+def test_a_run_whose_model_fails_ends_failed_and_the_conversation_takes_the_next_run(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.script(FakeReply.error(503, {"error": {"message": "overloaded"}}))
+    api = service(llm=fake_llm).api()
+    conv = api.create_conversation()
+
+    failed = api.run(conv["id"], "Anyone there?")
+    fake_llm.set_handler(EchoAgentBehaviour())
+    after = api.run(conv["id"], "Try again.")
+
+    assert failed.done["status"] == "failed"
+    assert failed.done["error"]
+    record = api.get_run(failed.run_id)
+    assert (record["status"], record["error"]) == ("failed", failed.done["error"])
+    assert record["finished_at"] is not None
+    assert after.done["status"] == "completed"
+    metrics = api.http.get("/metrics").text
+    assert 'agentstream_runs_total{status="failed"} 1.0' in metrics
