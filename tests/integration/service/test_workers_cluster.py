@@ -34,7 +34,13 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
 )
 from tests.support.server import ServerProcess, wait_until
 
-pytestmark = [pytest.mark.timeout(30), pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+# func_only: starting the workers (fixtures) has bounds of its own and may be slow on a busy machine.
+pytestmark = [
+    pytest.mark.timeout(30, func_only=True),
+    pytest.mark.slow,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+]
 
 
 ROLES: dict[str, dict[str, str]] = {"a": {}, "b": {}}
@@ -78,29 +84,43 @@ def a_and_b(cluster: Cluster, clients: Callable[..., Api]) -> Iterator[tuple[Api
     cluster.llm.agent.gate.set()  # nothing a test left waiting may hold the next test up
 
 
+@pytest.fixture
+def worker(cluster: Cluster, request: pytest.FixtureRequest) -> ServerProcess:
+    """The worker of the role the test is parametrised with (``indirect``), once it is up."""
+    return cluster.role(str(request.param))
+
+
 def test_a_run_started_on_one_worker_is_streamed_interrupted_and_cancelled_through_another(
     cluster: Cluster, a_and_b: tuple[Api, Api]
 ) -> None:
     start_stream_interrupt_and_cancel_across_workers(cluster.llm, *a_and_b)
 
 
+@pytest.mark.parametrize("worker", ["killed"], indirect=True)
 def test_killing_the_worker_that_runs_a_run_gets_it_closed_as_failed_by_another(
-    cluster: Cluster, a_and_b: tuple[Api, Api], clients: Callable[..., Api]
+    cluster: Cluster, a_and_b: tuple[Api, Api], clients: Callable[..., Api], worker: ServerProcess
 ) -> None:
     _, b = a_and_b
     agent = cluster.llm.play(GatedAgent(tokens=400, delay_s=0.01))
-    victim = cluster.role("killed")
+    victim = worker
     v = clients(victim.base_url)
     conv = v.create_conversation()
     run_id = v.start_run(conv, "a long answer")
 
-    with b.stream(conv) as stream:
+    with b.stream(conv) as stream, v.stream(conv) as on_victim:
         received = stream.read(count=30)
         assert received[-1].event == "answer", "the run should be streaming its answer"
+        seen_on_victim = on_victim.read(count=10)
         victim.kill()
         killed = time.monotonic()
+        with pytest.raises(httpx.TransportError):
+            seen_on_victim += on_victim.read()
         received += stream.read()
         took = time.monotonic() - killed
+    # A client of the dead worker reconnects to the survivor with its cursor and misses nothing.
+    with b.stream(conv, last_event_id=seen_on_victim[-1].id) as stream:
+        seen_on_victim += stream.read()
+    assert as_stored(seen_on_victim) == as_stored(received)
     done = received[-1]
     assert done.event == "done"
     assert done.data["status"] == "failed"
@@ -124,12 +144,12 @@ def active_runs(worker: ServerProcess) -> float:
     return float(line.split()[1])
 
 
+@pytest.mark.parametrize("worker", ["stalled"], indirect=True)
 def test_a_worker_that_stalls_past_its_lease_stops_the_run_another_worker_closed(
-    cluster: Cluster, a_and_b: tuple[Api, Api], clients: Callable[..., Api]
+    cluster: Cluster, a_and_b: tuple[Api, Api], clients: Callable[..., Api], worker: ServerProcess
 ) -> None:
     _, b = a_and_b
     agent = cluster.llm.play(GatedAgent(tokens=5))
-    worker = cluster.role("stalled")
     assert worker.proc is not None
     w = clients(worker.base_url)
     conv = w.create_conversation()
@@ -170,16 +190,21 @@ def refuses_connections(worker: ServerProcess) -> bool:
     return False
 
 
-@pytest.mark.parametrize("finishes_in_grace", [True, False], ids=["finishes", "outlives-grace"])
+@pytest.mark.parametrize(
+    ("worker", "finishes_in_grace"),
+    [("long-grace", True), ("short-grace", False)],
+    ids=["finishes", "outlives-grace"],
+    indirect=["worker"],
+)
 def test_sigterm_ends_the_workers_streams_and_closes_its_runs_within_the_grace(
     finishes_in_grace: bool,
     cluster: Cluster,
     a_and_b: tuple[Api, Api],
     clients: Callable[..., Api],
+    worker: ServerProcess,
 ) -> None:
     _, b = a_and_b
     agent = cluster.llm.play(GatedAgent(tokens=20))
-    worker = cluster.role("long-grace" if finishes_in_grace else "short-grace")
     w = clients(worker.base_url)
     conv = w.create_conversation()
     agent.close_gate()

@@ -26,9 +26,10 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_stream_interrupt_and_cancel_across_workers,
     thinking,
 )
-from tests.support.server import ServerThread, wait_until
+from tests.support.server import ServerProcess, ServerThread, wait_until
 
-pytestmark = [pytest.mark.timeout(30), pytest.mark.slow]
+# func_only: starting the workers (fixtures) has bounds of its own and may be slow on a busy machine.
+pytestmark = [pytest.mark.timeout(30, func_only=True), pytest.mark.slow]
 
 
 def migrated_copy(template: Path, directory: Path) -> str:
@@ -74,22 +75,31 @@ def _open_gate_after(llm: FakeLLM) -> Iterator[None]:
     llm.agent.gate.set()
 
 
+@pytest.fixture
+def pair_on_one_file(clusters: dict[str, Cluster]) -> tuple[ServerProcess, ServerProcess]:
+    cluster = clusters["shared-file"]
+    return cluster.role("a"), cluster.role("b")
+
+
+@pytest.fixture
+def crashing(clusters: dict[str, Cluster]) -> ServerProcess:
+    return clusters["redisless"].role("crashing")
+
+
 @pytest.mark.redis
 def test_two_workers_sharing_one_sqlite_file_serve_each_others_runs(
-    clusters: dict[str, Cluster], clients: Callable[..., Api]
+    llm: FakeLLM, pair_on_one_file: tuple[ServerProcess, ServerProcess], clients: Callable[..., Api]
 ) -> None:
-    cluster = clusters["shared-file"]
-    a, b = (clients(cluster.role(name).base_url) for name in ("a", "b"))
-    start_stream_interrupt_and_cancel_across_workers(cluster.llm, a, b)
+    a, b = (clients(worker.base_url) for worker in pair_on_one_file)
+    start_stream_interrupt_and_cancel_across_workers(llm, a, b)
 
 
 def test_without_redis_a_run_left_running_by_a_crashed_worker_is_closed_by_the_next_ones_reaper(
-    clusters: dict[str, Cluster], clients: Callable[..., Api]
+    clusters: dict[str, Cluster], crashing: ServerProcess, clients: Callable[..., Api]
 ) -> None:
     cluster = clusters["redisless"]
     agent = cluster.llm.play(GatedAgent(tokens=5))
     agent.close_gate()
-    crashing = cluster.role("crashing")
     api = clients(crashing.base_url)
     conv = api.create_conversation()
     run_id = api.start_run(conv, "question")
