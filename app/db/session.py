@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +62,6 @@ def create_engine(
         path = _sqlite_file(parsed)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        if path is not None and poolclass is None:
-            # SQLite has one writer at a time. Queueing for the process's one connection is FIFO;
-            # many connections would instead contend for the file lock through the busy handler's
-            # sleeps, and under load some lose for longer than the busy timeout (500s at 200 runs).
-            kwargs.update(pool_size=1, max_overflow=0)
         engine = create_async_engine(parsed, **kwargs)
         _configure_sqlite(engine, enforce_foreign_keys=enforce_foreign_keys)
         return engine
@@ -84,15 +81,25 @@ def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> Non
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if enforce_foreign_keys else 'OFF'}")
         finally:
             cursor.close()
-        # The driver would open transactions as deferred ones: a transaction that read first and
-        # writes later then fails at once with "database is locked" when another connection wrote
-        # meanwhile, busy timeout or not (seen at 200 concurrent runs). We begin them ourselves.
-        dbapi_connection.isolation_level = None
 
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(connection: Any) -> None:
-        # IMMEDIATE takes the write lock up front, so a writer waits (busy timeout) instead of failing.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+class WriteSerializingSessionmaker(async_sessionmaker[AsyncSession]):
+    """For SQLite: the write transactions (``begin()``) of one process take turns, first come first
+    served, while reads (plain sessions) still run side by side.
+
+    SQLite has one writer at a time. Left to contend, writers of one process wait for the file lock
+    through the busy handler's sleeps, and under load some lose for longer than the busy timeout:
+    at 200 concurrent runs on one worker, runs failed with "database is locked" (HTTP 500).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._write_turn = asyncio.Lock()
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncSession]:  # type: ignore[override]
+        async with self._write_turn, super().begin() as session:
+            yield session
 
 
 class Database:
@@ -100,9 +107,8 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.engine: AsyncEngine = create_engine(url)
-        self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
-            self.engine, expire_on_commit=False
-        )
+        factory = WriteSerializingSessionmaker if self.engine.dialect.name == "sqlite" else async_sessionmaker
+        self.sessionmaker: async_sessionmaker[AsyncSession] = factory(self.engine, expire_on_commit=False)
 
     @property
     def dialect(self) -> str:
