@@ -237,12 +237,27 @@ async def start_run(conn: Connection, conv_id: str) -> dict[str, Any]:
 
 
 class StreamResult:
-    __slots__ = ("answer", "before_connect", "bytes_in", "done", "events", "first_step_at", "parts", "stamps")
+    __slots__ = (
+        "answer",
+        "before_connect",
+        "bytes_in",
+        "done",
+        "engine_side",
+        "events",
+        "first_step_at",
+        "parts",
+        "stamps",
+        "transport_side",
+    )
 
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.stamps: list[int] = []
         """Per timed token: delivery latency in µs (received minus the fake LLM's send stamp)."""
+        self.engine_side: list[int] = []
+        """µs from the fake LLM's send to the publish time in the event id (ms resolution)."""
+        self.transport_side: list[int] = []
+        """µs from that publish time to the client (ms resolution)."""
         self.before_connect = 0
         """Timed tokens sent before this client's stream was open (replayed, so not a delivery latency)."""
         self.events: list[str] = []
@@ -263,9 +278,13 @@ async def read_stream(port: int, conv_id: str, *, timed: bool = False) -> Stream
             if payload.get("status") == "delta":
                 out.parts.append(payload["content"])
                 if timed:
+                    published_us = int(stream.last_id.split("-", 1)[0]) * 1000
                     for sent in parse_stamps(payload["content"]):
                         if sent >= stream.connected_us:
                             out.stamps.append(received - sent)
+                            # The event id's time is when the engine published the (first) token.
+                            out.engine_side.append(published_us - sent)
+                            out.transport_side.append(received - published_us)
                         else:
                             out.before_connect += 1
         elif event == "done":
@@ -346,6 +365,8 @@ async def _latency_level(
     port: int, concurrency: int, runs_each: int, tokens: int, deadline: float
 ) -> dict[str, Any]:
     latencies: list[int] = []
+    engine_side: list[int] = []
+    transport_side: list[int] = []
     lost = 0
     replayed = 0
     runs = 0
@@ -363,6 +384,8 @@ async def _latency_level(
                 await start_run(conn, conv_id)
                 result = await read_stream(port, conv_id, timed=True)
                 latencies.extend(result.stamps)
+                engine_side.extend(result.engine_side)
+                transport_side.extend(result.transport_side)
                 replayed += result.before_connect
                 lost += tokens - len(result.stamps) - result.before_connect
                 runs += 1
@@ -384,6 +407,10 @@ async def _latency_level(
         "p90_ms": percentile(ms, 0.9),
         "p99_ms": percentile(ms, 0.99),
         "max_ms": max(ms) if ms else float("nan"),
+        "llm_to_publish_p50_ms": percentile([x / 1000 for x in engine_side], 0.5),
+        "llm_to_publish_p99_ms": percentile([x / 1000 for x in engine_side], 0.99),
+        "publish_to_client_p50_ms": percentile([x / 1000 for x in transport_side], 0.5),
+        "publish_to_client_p99_ms": percentile([x / 1000 for x in transport_side], 0.99),
     }
 
 
@@ -403,15 +430,31 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
     async with Stack(fake, db=args.db) as stack:
         database = stack.database
         proc, port = stack.workers[0]
-        for concurrency in args.concurrency:
-            cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        for n, concurrency in enumerate(args.concurrency):
+            spy = None
+            if args.profile and n == len(args.concurrency) - 1 and Path(args.py_spy).exists():
+                # Where the worker's time goes at the highest concurrency (collapsed stacks).
+                spy = subprocess.Popen(  # noqa: ASYNC220
+                    [args.py_spy, "record", "-p", str(proc.pid), "-d", "20", "-r", "100", "-f", "raw",
+                     "-o", args.profile, "--nonblocking", "--gil"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+            cpu0, t0, client0 = cpu_seconds(proc.pid), time.perf_counter(), time.process_time()
             deadline = time.monotonic() + args.max_seconds
             level = await _latency_level(port, concurrency, args.runs_each, args.tokens, deadline)
             level["worker_cpu_pct"] = 100 * (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - t0)
+            level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
             level["worker_rss_mb"] = rss_mb(proc.pid)
             levels.append(level)
+            if spy is not None:
+                spy.terminate()
+                await asyncio.to_thread(spy.wait)
             print(
-                f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms",
+                f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms; "
+                f"LLM->publish p50 {level['llm_to_publish_p50_ms']:.1f} p99 {level['llm_to_publish_p99_ms']:.1f}; "
+                f"publish->client p50 {level['publish_to_client_p50_ms']:.1f} "
+                f"p99 {level['publish_to_client_p99_ms']:.1f}; worker CPU {level['worker_cpu_pct']:.0f}% "
+                f"client CPU {level['client_cpu_pct']:.0f}%",
                 file=sys.stderr,
             )
     return {
@@ -511,7 +554,13 @@ async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
             tasks += [asyncio.create_task(follow(s)) for s in streams[i : i + 100]]
             await asyncio.sleep(0.05)
         t_open = time.monotonic()
-        await asyncio.sleep(args.seconds)
+        # Every stream answered (headers in), bounded; then long enough for two pings each.
+        while sum(1 for s in streams if s.status) < len(streams) and time.monotonic() - t_open < 90:
+            await asyncio.sleep(0.2)
+        open_s = time.monotonic() - t_open
+        for s in streams:
+            s.pings = 0
+        await asyncio.sleep(max(args.seconds, 2 * args.ping_s + 0.5))
         open_now = sum(1 for s in streams if s.status == 200) - finished
         pinged = sum(1 for s in streams if s.pings > 0)
         rss_conns = rss_mb(proc.pid)
@@ -536,6 +585,7 @@ async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
         "active_runs": args.runs,
         "ping_s": args.ping_s,
         "held_s": held_s,
+        "seconds_to_open_all": open_s,
         "open_while_idle": open_now,
         "connections_pinged": pinged,
         "done_received": done_events,
@@ -565,6 +615,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     lat.add_argument("--tokens", type=int, default=100)
     lat.add_argument("--delay-s", type=float, default=0.05)
     lat.add_argument("--max-seconds", type=float, default=60, help="per concurrency level")
+    lat.add_argument("--profile", default="", help="write a py-spy profile of the last level here")
+    lat.add_argument("--py-spy", default=str(ROOT / "bench/.venv-peers/bin/py-spy"))
     t = sub.add_parser("throughput")
     t.add_argument("--concurrency", type=int, default=16)
     t.add_argument("--tokens", type=int, default=2000)

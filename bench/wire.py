@@ -83,6 +83,8 @@ class SseStream:
         self.status = 0
         self.pings = 0
         self.connected_us = 0
+        self.last_id = ""
+        """``id:`` of the event just yielded (AgentStream's ids start with the publish time in ms)."""
         """When the response headers arrived (time.time() in µs)."""
         self._writer: asyncio.StreamWriter | None = None
 
@@ -107,13 +109,17 @@ class SseStream:
                 self.bytes_in += len(size_line) + size + 2
                 if size == 0:
                     return
-                buffer += chunk[:-2]
+                # SSE allows CRLF, LF or CR line ends (sse-starlette's pings use CRLF, our events LF).
+                buffer += chunk[:-2].replace(b"\r\n", b"\n")
                 while b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
                     event, data = "", ""
+                    self.last_id = ""
                     for line in frame.decode().split("\n"):
                         if line.startswith("event: "):
                             event = line[7:]
+                        elif line.startswith("id: "):
+                            self.last_id = line[4:]
                         elif line.startswith("data: "):
                             data = line[6:]
                         elif line.startswith(":"):
