@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
@@ -14,7 +15,7 @@ from app.api.routes.conversations import ERRORS, owned_conversation
 from app.api.schemas import ChatRequest
 from app.container import Services
 from app.errors import InvalidInputError
-from app.streaming.bus import format_cursor
+from app.streaming.bus import StoredEvent, format_cursor, parse_cursor
 from app.streaming.resume import stream_events
 from app.streaming.sse import encode_event
 
@@ -27,6 +28,8 @@ SEND_TIMEOUT_S = 60.0
 # Where the bus starts after a client's cursor (Redis lost events, or a new stream), how long to
 # wait for the database to catch up before trusting that nothing lies in between.
 SEAM_WAIT_S = 5.0
+# How long after a run's close a reconnect right before its done still waits for that done.
+DONE_PENDING_S = 10.0
 
 
 def _ping() -> ServerSentEvent:
@@ -72,13 +75,45 @@ def _valid_cursor(value: str, source: str) -> str:
     raise InvalidInputError(f"{source} must be an event id such as 1700000000000-0")
 
 
-async def _has_events_after(services: Services, conversation_id: str, cursor: str) -> bool:
+async def _first_after(services: Services, conversation_id: str, cursor: str) -> StoredEvent | None:
     try:
-        if await services.bus.read_after(conversation_id, cursor, limit=1):
-            return True
+        held = await services.bus.read_after(conversation_id, cursor, limit=1)
+        if held:
+            return held[0]
     except Exception:  # bus down: the database decides
         pass
-    return bool(await services.events.read_after(conversation_id, cursor, limit=1))
+    stored = await services.events.read_after(conversation_id, cursor, limit=1)
+    return stored[0] if stored else None
+
+
+async def _is_done_event(services: Services, conversation_id: str, cursor: str) -> bool:
+    """Whether the event whose id is ``cursor`` is a ``done``."""
+    ms, seq = parse_cursor(cursor)
+    if seq > 0:
+        before = format_cursor(ms, seq - 1)
+    elif ms > 0:
+        before = format_cursor(ms - 1, _MAX_SEQ)
+    else:
+        return False
+    event = await _first_after(services, conversation_id, before)
+    return event is not None and event.id == cursor and event.is_done
+
+
+async def _nothing_more(services: Services, conversation_id: str, cursor: str) -> bool:
+    """Whether a reconnect at ``cursor`` has nothing more to get (204 stops an EventSource)."""
+    if await services.runs.active(conversation_id) is not None:
+        return False
+    if await _first_after(services, conversation_id, cursor) is not None:
+        return False
+    # A run's row is closed a moment before its done is published (app.runs.manager): a cursor
+    # just before that done must wait for it. Long after the close, a done that never came will
+    # not come any more.
+    latest = await services.runs.latest(conversation_id)
+    if latest is None or latest.finished_at is None:
+        return True
+    if datetime.now(UTC) - latest.finished_at > timedelta(seconds=DONE_PENDING_S):
+        return True
+    return await _is_done_event(services, conversation_id, cursor)
 
 
 @router.get(
@@ -114,9 +149,7 @@ async def stream(
         if run is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         cursor = run.start_cursor
-    elif await services.runs.active(conv.id) is None and not await _has_events_after(
-        services, conv.id, cursor
-    ):
+    elif await _nothing_more(services, conv.id, cursor):
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return sse_response(services, conv.id, cursor)
 

@@ -10,6 +10,12 @@ from collections.abc import Callable
 
 import pytest
 
+from app.db.repositories import EventRepo, RunRepo
+from app.db.session import Database
+from app.engine.events import RunDone, Usage
+from app.streaming.publisher import RunPublisher
+from app.streaming.redis_bus import RedisEventBus
+from tests.integration.conftest import run_in_own_loop
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     BUSES,
     STACKS,
@@ -21,8 +27,10 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     gated_llm_fixture,
     redis_prefix_fixture,
     start_service_fixture,
+    thinking,
 )
 from tests.support.server import ServerThread
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -156,3 +164,69 @@ def test_a_reconnect_at_the_latest_done_with_no_run_active_gets_204(
         agent.gate.set()
         live = opening + response.read()
     assert as_stored(live) == api.wait_stored(third_id)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("database_backend", ["sqlite"])
+def test_a_reconnect_between_a_runs_close_and_its_done_waits_for_the_done_rather_than_204(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+    redis_prefix: str,
+) -> None:
+    agent = gated_llm.play(GatedAgent(tokens=5))
+    api = clients(start_service().base_url)
+    conv = api.create_conversation()
+    agent.close_gate()
+    run_id = api.start_run(conv)
+    with api.stream(conv) as stream:
+        seen = stream.read(until=thinking)
+
+    # Another worker closes the run (a reaper, say): the row first, the done event a moment later.
+    async def close_row() -> None:
+        db = Database(migrated_database_url)
+        try:
+            closed = await RunRepo(db.sessionmaker).finish(
+                run_id,
+                status="failed",
+                answer="",
+                iterations=1,
+                usage={},
+                elapsed=1.0,
+                error="lost",
+                pending_injections=[],
+            )
+            assert closed
+        finally:
+            await db.dispose()
+
+    async def publish_done() -> None:
+        db = Database(migrated_database_url)
+        bus = RedisEventBus(REDIS_URL, redis_prefix)
+        try:
+            publisher = RunPublisher(bus, EventRepo(db.sessionmaker), conv, run_id, last_id=seen[-1].id)
+            await publisher.publish(
+                RunDone(
+                    answer="",
+                    iterations=1,
+                    usage=Usage().as_dict(),
+                    elapsed=1.0,
+                    status="failed",
+                    error="lost",
+                    pending_injections=(),
+                )
+            )
+            await publisher.close()
+        finally:
+            await bus.close()
+            await db.dispose()
+
+    run_in_own_loop(close_row)
+    with api.stream(conv, last_event_id=seen[-1].id) as stream:
+        # A 204 here would stop an EventSource for good, one event short of the done.
+        assert stream.status_code == 200
+        run_in_own_loop(publish_done)
+        rest = stream.read()
+    assert [e.event for e in rest] == ["done"]
+    assert rest[0].data["status"] == "failed"
