@@ -8,10 +8,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.db.errors import ConversationNotFoundError
+from app.db.errors import ConversationNotFoundError, database_unreachable
 from app.errors import ServiceError, UnauthorizedError
+from app.streaming.bus import BusUnavailableError
 
 log = logging.getLogger("app.api")
 
@@ -40,6 +45,29 @@ def _undecodable(cause: BaseException) -> str:
     if isinstance(cause, RecursionError):
         return "the request body is not valid JSON: it is nested too deeply"
     return "the request body is not valid JSON"
+
+
+_OUTAGES: tuple[type[Exception], ...] = (
+    ConnectionError,
+    DBAPIError,
+    PoolTimeoutError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    BusUnavailableError,
+)
+"""What a request runs into while the database or Redis is restarting (DBAPIError only when it
+says the connection is gone)."""
+
+
+def _is_outage(exc: Exception) -> bool:
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, BusUnavailableError, ConnectionError)):
+        return True
+    return database_unreachable(exc)
+
+
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", extra={"path": request.url.path}, exc_info=exc)
+    return error_response(500, "internal_error", "internal error")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -71,7 +99,21 @@ def install_error_handlers(app: FastAPI) -> None:
             getattr(exc, "headers", None),
         )
 
+    async def _outage(request: Request, exc: Exception) -> JSONResponse:
+        if not _is_outage(exc):
+            return _internal_error(request, exc)
+        # A dependency restarting is no bug: the client may retry shortly (and nothing to alarm on).
+        log.warning("a dependency is unreachable", extra={"path": request.url.path, "error": repr(exc)})
+        return error_response(
+            503,
+            "unavailable",
+            "the database or the event bus is unreachable; retry shortly",
+            {"Retry-After": "1"},
+        )
+
+    for kind in _OUTAGES:
+        app.add_exception_handler(kind, _outage)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", extra={"path": request.url.path})
-        return error_response(500, "internal_error", "internal error")
+        return _internal_error(request, exc)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
 
 class PersistenceError(Exception):
     """Base of every error ``app.db`` raises on purpose."""
@@ -25,3 +28,11 @@ class ConversationNotFoundError(PersistenceError):
 
 class InvalidCursorError(PersistenceError, ValueError):
     """A pagination or event cursor that this service did not hand out."""
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached (down, restarting, connection cut),
+    so that the same statement may well succeed once it is back."""
+    if isinstance(exc, (OSError, InterfaceError, OperationalError, PoolTimeoutError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated

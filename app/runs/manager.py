@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 
-from app.db.errors import ConversationNotFoundError, RunActiveError
+from app.db.errors import ConversationNotFoundError, RunActiveError, database_unreachable
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import AnswerDelta, EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
@@ -34,6 +34,11 @@ from app.streaming.publisher import RunPublisher
 from app.tools.registry import ToolRegistry
 
 log = logging.getLogger("app.runs")
+
+T = TypeVar("T")
+
+CLOSE_RETRY_S = 120.0
+"""How long a finished run waits for an unreachable database to store its end (as the publisher)."""
 
 CancelReason = Literal["user", "shutdown", "lost"]
 """Why a run's task was cancelled: by its user, by this worker's shutdown, or because another
@@ -362,10 +367,13 @@ class RunManager:
             if new_messages and new_messages[0].role == "user":
                 new_messages = new_messages[1:]  # the question was stored when the run started
             if new_messages:
-                await self.conversations.add_messages(conv_id, active.run_id, new_messages)
+                await _while_unreachable(
+                    lambda: self.conversations.add_messages(conv_id, active.run_id, new_messages)
+                )
         if pending:
-            await self.conversations.add_messages(
-                conv_id, active.run_id, [ChatMessage(role="user", content=c, pinned=True) for c in pending]
+            follow_ups = [ChatMessage(role="user", content=c, pinned=True) for c in pending]
+            await _while_unreachable(
+                lambda: self.conversations.add_messages(conv_id, active.run_id, follow_ups)
             )
         if result is not None and engine_done:
             done = engine_done[-1]
@@ -388,15 +396,17 @@ class RunManager:
                 error=error,
                 pending_injections=tuple(pending),
             )
-        finished = await self.runs.finish(
-            active.run_id,
-            status=done.status,
-            answer=done.answer,
-            iterations=done.iterations,
-            usage=dict(done.usage),
-            elapsed=done.elapsed,
-            error=done.error,
-            pending_injections=list(pending),
+        finished = await _while_unreachable(
+            lambda: self.runs.finish(
+                active.run_id,
+                status=done.status,
+                answer=done.answer,
+                iterations=done.iterations,
+                usage=dict(done.usage),
+                elapsed=done.elapsed,
+                error=done.error,
+                pending_injections=list(pending),
+            )
         )
         if finished:
             await publisher.publish(done)
@@ -420,8 +430,11 @@ class RunManager:
             try:
                 await self.runs.renew_leases(list(self._active), self.worker_id, self.settings.run_lease_s)
                 still_ours = {run.id for run in await self.runs.running_of_worker(self.worker_id)}
-            except Exception:
-                log.warning("lease renewal failed", exc_info=True)
+            except Exception as exc:
+                # An outage is expected now and then: its error is enough, a traceback every pass is not.
+                log.warning(
+                    "lease renewal failed", exc_info=not database_unreachable(exc), extra={"error": repr(exc)}
+                )
                 continue
             for run_id, active in list(self._active.items()):
                 if run_id not in still_ours and not active.finishing:
@@ -434,8 +447,10 @@ class RunManager:
         while True:
             try:
                 await self.reap_once()
-            except Exception:
-                log.warning("reaper pass failed", exc_info=True)
+            except Exception as exc:
+                log.warning(
+                    "reaper pass failed", exc_info=not database_unreachable(exc), extra={"error": repr(exc)}
+                )
             await asyncio.sleep(interval)
 
     async def reap_once(self) -> int:
@@ -518,6 +533,25 @@ class RunManager:
                 after = batch[-1].id
         except Exception:
             log.warning("could not salvage the lost run's events from the bus", exc_info=True)
+
+
+async def _while_unreachable(write: Callable[[], Awaitable[T]]) -> T:
+    """``write()``, tried again while the database is unreachable, for up to ``CLOSE_RETRY_S``.
+
+    A run that ends during a database outage is then still closed, with its done, once the
+    database is back, instead of being left to the reaper as lost.
+    """
+    deadline = time.monotonic() + CLOSE_RETRY_S
+    attempt = 0
+    while True:
+        try:
+            return await write()
+        except Exception as exc:
+            if not database_unreachable(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("database unreachable while closing the run; retrying", extra={"error": repr(exc)})
+            attempt += 1
+            await asyncio.sleep(min(2.0, 0.05 * 2.0**attempt))
 
 
 async def _drain_quietly(queue: InterruptQueue) -> list[str]:

@@ -84,6 +84,12 @@ def test_a_run_survives_redis_restarting_empty_and_every_client_gets_every_event
             noticed = time.monotonic() - stopped
             assert body["down"] == ["event_bus"], body
             assert body["checks"]["database"] == "ok", body
+            # What needs Redis answers 503 (retry shortly), never 500; a new run starts all the same.
+            follow_up = api.interrupt(conv, "anything new?")
+            assert follow_up.status_code == 503, follow_up.text
+            assert follow_up.json()["error"]["code"] == "unavailable"
+            other_conv = api.create_conversation()
+            other_run = api.start_run(other_conv, "a run started while Redis is down")
 
             # The run goes on while Redis is down: its events reach the database.
             model.loop_gate.set()
@@ -115,6 +121,12 @@ def test_a_run_survives_redis_restarting_empty_and_every_client_gets_every_event
         assert as_stored(b_received) == stored
         assert answer_of(stored) == done["answer"]
         assert api.run(run_id)["status"] == "completed"
+
+        with api.stream(other_conv) as stream:
+            other = stream.read()
+        assert other[-1].event == "done"
+        assert other[-1].data["status"] == "completed", other[-1].data
+        assert as_stored(other) == api.wait_stored(other_run)
 
         # Healthy again, on the restarted Redis: a new run completes and its events go through it.
         assert readiness(api)[0] == 200
