@@ -260,7 +260,8 @@ class RunManager:
 
     def _tools_for(self, conversation: ConversationRecord) -> ToolRegistry:
         names = (conversation.agent_config or {}).get("tools")
-        return self.tools if not names else self.tools.subset(names)
+        # No list means every tool; an empty list means none (an agent that only talks).
+        return self.tools if names is None else self.tools.subset(names)
 
     async def _execute(
         self,

@@ -305,3 +305,28 @@ def test_max_iterations_of_the_agent_spec_bounds_the_run(
     assert outcome.done["iterations"] == 2
     tool_steps = [e for e in outcome.events if e.event == "step" and e.data["type"] == "iteration"]
     assert len([e for e in tool_steps if e.data["status"] == "done"]) == 2
+
+
+def test_an_empty_tool_list_means_an_agent_without_tools(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.set_handler(EchoAgentBehaviour())
+    api = service(llm=fake_llm).api()
+    conv = api.create_conversation({"agent": {"tools": []}})
+
+    outcome = api.run(conv["id"], "Just talk to me.")
+
+    assert outcome.done["status"] == "completed"
+    assert conv["agent"]["tools"] == []
+    loop_calls = [b for b in fake_llm.requests if not b.get("stream")]
+    assert loop_calls and all(not b.get("tools") for b in loop_calls)
+
+
+def test_the_demo_model_answers_an_agent_without_tools(alice: Api) -> None:
+    conv = alice.create_conversation({"agent": {"tools": []}})
+
+    outcome = alice.run(conv["id"], "What is 6*7?")
+
+    assert outcome.done["status"] == "completed"
+    assert outcome.done["answer"]
+    assert not [e for e in outcome.events if e.event == "step" and e.data["type"] == "iteration"]
