@@ -5,12 +5,21 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.container import Services
 from app.errors import UnauthorizedError
 
 SINGLE_USER_OWNER = "local"
+
+# Declares the bearer scheme in the OpenAPI document; ``_bearer`` below does the parsing, so that a
+# malformed header is a 401 with a message rather than silently no key.
+BEARER = HTTPBearer(
+    auto_error=False,
+    description="An API key from API_KEYS (`owner:key,...`); any value in single-user mode.",
+)
+BearerDoc = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 def get_services(request: Request) -> Services:
@@ -45,7 +54,7 @@ def _bearer(request: Request) -> str | None:
     return value.strip()
 
 
-def get_owner(request: Request, services: ServicesDep) -> str:
+def get_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -> str:
     if not services.owner_keys:
         # Single-user mode authenticates nothing, so it also refuses nothing: a proxy in front
         # may well send its own Authorization header.
@@ -53,7 +62,7 @@ def get_owner(request: Request, services: ServicesDep) -> str:
     return _owner_for(services, _bearer(request))
 
 
-def get_stream_owner(request: Request, services: ServicesDep) -> str:
+def get_stream_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -> str:
     """The stream route also accepts ``?access_token=``: an EventSource cannot set headers."""
     if not services.owner_keys:
         # Single-user mode authenticates nothing, so it also refuses nothing: a proxy in front

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 MAX_MESSAGE_CHARS = 32_000
 
@@ -16,6 +16,18 @@ _RESOURCE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 def is_resource_id(value: str) -> bool:
     return _RESOURCE_ID.fullmatch(value) is not None
+
+
+def optional_parameter(max_length: int, pattern: str | None = None) -> WithJsonSchema:
+    """The OpenAPI schema of an optional query or header parameter: a string, when it is sent.
+
+    FastAPI would say "string or null", but a parameter cannot be null: a client reading that
+    sends the text ``null``.
+    """
+    schema: dict[str, Any] = {"type": "string", "maxLength": max_length}
+    if pattern is not None:
+        schema["pattern"] = pattern
+    return WithJsonSchema(schema)
 
 
 def _no_nul(value: str) -> str:
@@ -39,18 +51,41 @@ def _not_blank(value: str) -> str:
 
 # Multi-line text (questions, follow-ups, prompts) may contain CR/LF: people paste code and lists.
 # NUL is never accepted. SSE framing stays safe because every payload is JSON-encoded.
+# The same rules as JSON Schema patterns, so that the OpenAPI document tells clients (and the
+# schema-driven tests) which text is accepted. Whitespace is spelled out rather than written ``\s``
+# because regex engines disagree on what ``\s`` covers; this is what ``str.strip()`` removes.
+_SPACE = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NO_NUL_PATTERN = r"^[^\x00]*$"
+TEXT_PATTERN = rf"^[^\x00]*[^\x00{_SPACE}][^\x00]*$"
+SINGLE_LINE_PATTERN = r"^[^\x00-\x08\x0a-\x1f]*$"
+
 MessageText = Annotated[
     str,
-    Field(min_length=1, max_length=MAX_MESSAGE_CHARS),
+    Field(min_length=1, max_length=MAX_MESSAGE_CHARS, json_schema_extra={"pattern": TEXT_PATTERN}),
     AfterValidator(_no_nul),
     AfterValidator(_not_blank),
 ]
-Title = Annotated[str, Field(max_length=200), AfterValidator(_single_line)]
-ToolName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_single_line)]
+Title = Annotated[
+    str,
+    Field(max_length=200, json_schema_extra={"pattern": SINGLE_LINE_PATTERN}),
+    AfterValidator(_single_line),
+]
+ToolName = Annotated[
+    str,
+    Field(min_length=1, max_length=128, json_schema_extra={"pattern": SINGLE_LINE_PATTERN}),
+    AfterValidator(_single_line),
+]
 
 
 # Request bodies are strict: JSON's types as they are (no "5" for 5, no true for 1), no unknown fields.
 REQUEST = ConfigDict(extra="forbid", strict=True)
+
+
+def _integral(value: object) -> object:
+    # JSON has one kind of number: 5.0 is the integer 5 (JSON Schema's "integer" says so too).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 class AgentSpec(BaseModel):
@@ -58,9 +93,16 @@ class AgentSpec(BaseModel):
 
     mode: Literal["auto", "json", "native"] = "auto"
     tools: list[ToolName] | None = Field(default=None, max_length=256)
-    max_iterations: int | None = Field(default=None, ge=1, le=200)
+    max_iterations: Annotated[int, Field(ge=1, le=200), BeforeValidator(_integral)] | None = None
     completion_check: bool = True
-    system_prompt: Annotated[str, Field(max_length=8000), AfterValidator(_no_nul)] | None = None
+    system_prompt: (
+        Annotated[
+            str,
+            Field(max_length=8000, json_schema_extra={"pattern": NO_NUL_PATTERN}),
+            AfterValidator(_no_nul),
+        ]
+        | None
+    ) = None
 
 
 class ConversationCreate(BaseModel):
@@ -87,7 +129,12 @@ class ChatRequest(BaseModel):
 
     message: MessageText
     conversation_id: (
-        Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_single_line)] | None
+        Annotated[
+            str,
+            Field(min_length=1, max_length=128, json_schema_extra={"pattern": SINGLE_LINE_PATTERN}),
+            AfterValidator(_single_line),
+        ]
+        | None
     ) = None
 
 
@@ -98,6 +145,28 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "`invalid_json`: the body is not JSON, not UTF-8, or nested too deeply",
+    401: "`unauthorized`: no API key, or not one of API_KEYS",
+    404: "`not_found`: nothing of the caller's has this id (another owner's ids are not found either)",
+    409: "`run_active` (a run is already active) or `no_active_run`",
+    413: "`too_large`: the body is over 1,000,000 bytes",
+    422: "`invalid_request`: a field or parameter is invalid; the message says which",
+    503: "`shutting_down`: this worker takes no new runs; retry (another worker will)",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of the errors a route can answer."""
+    return {s: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, str]
+    down: list[str] | None = None
 
 
 class ToolInfo(BaseModel):

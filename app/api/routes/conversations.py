@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
 
@@ -18,12 +18,13 @@ from app.api.schemas import (
     ConversationDetail,
     ConversationOut,
     ConversationPage,
-    ErrorResponse,
     InterruptCreate,
     Queued,
     RunCreate,
     RunStarted,
+    error_responses,
     is_resource_id,
+    optional_parameter,
 )
 from app.container import Services
 from app.db.repositories import ConversationRecord, decode_page_cursor
@@ -32,12 +33,10 @@ from app.errors import InvalidInputError, NoActiveRunError, NotFoundError
 router = APIRouter(tags=["conversations"])
 
 IdPath = Annotated[str, "conversation id"]
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorResponse},
-    404: {"model": ErrorResponse},
-    409: {"model": ErrorResponse},
-    422: {"model": ErrorResponse},
-}
+# What each kind of route can answer besides success (bodies: 400/413/422 too; runs: 409/503).
+# 422 is listed wherever FastAPI would document its own validation error, whose shape ours replaces.
+ERRORS = error_responses(401, 404, 422)
+BODY_ERRORS = error_responses(400, 401, 413, 422)
 
 
 async def owned_conversation(services: Services, owner: str, conversation_id: str) -> ConversationRecord:
@@ -57,7 +56,7 @@ def stream_url(conversation_id: str) -> str:
     "/api/conversations",
     status_code=status.HTTP_201_CREATED,
     response_model=ConversationOut,
-    responses=ERRORS,
+    responses=BODY_ERRORS,
 )
 async def create_conversation(
     services: ServicesDep, owner: OwnerDep, body: Annotated[ConversationCreate | None, Body()] = None
@@ -88,12 +87,12 @@ def _check_page_cursor(cursor: str) -> None:
         raise InvalidInputError("invalid cursor")
 
 
-@router.get("/api/conversations", response_model=ConversationPage, responses=ERRORS)
+@router.get("/api/conversations", response_model=ConversationPage, responses=error_responses(401, 422))
 async def list_conversations(
     services: ServicesDep,
     owner: OwnerDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=256)] = None,
+    cursor: Annotated[str | None, Query(max_length=256), optional_parameter(256)] = None,
 ) -> ConversationPage:
     if cursor is not None:
         _check_page_cursor(cursor)
@@ -145,7 +144,7 @@ async def delete_conversation(conversation_id: IdPath, services: ServicesDep, ow
     "/api/conversations/{conversation_id}/runs",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=RunStarted,
-    responses=ERRORS,
+    responses=error_responses(400, 401, 404, 409, 413, 422, 503),
 )
 async def start_run(
     conversation_id: IdPath, body: RunCreate, services: ServicesDep, owner: OwnerDep
@@ -161,7 +160,7 @@ async def start_run(
     "/api/conversations/{conversation_id}/interrupt",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Queued,
-    responses=ERRORS,
+    responses=error_responses(400, 401, 404, 409, 413, 422),
 )
 async def interrupt(
     conversation_id: IdPath, body: InterruptCreate, services: ServicesDep, owner: OwnerDep
@@ -174,7 +173,7 @@ async def interrupt(
     "/api/conversations/{conversation_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Accepted,
-    responses=ERRORS,
+    responses=error_responses(401, 404, 409),
 )
 async def cancel(conversation_id: IdPath, services: ServicesDep, owner: OwnerDep) -> Accepted:
     conv = await owned_conversation(services, owner, conversation_id)

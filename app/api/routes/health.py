@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import ServicesDep
+from app.api.schemas import ReadyOut
 
 router = APIRouter(tags=["health"])
 
@@ -25,7 +26,11 @@ async def _check(probe: object) -> bool:
         return False
 
 
-@router.get("/readyz", responses={503: {"description": "a dependency is down"}})
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "a dependency is down, or the worker is stopping"}},
+)
 async def readyz(services: ServicesDep) -> JSONResponse:
     db_ok, bus_ok = await asyncio.gather(_check(services.db.ping()), _check(services.bus.ping()))
     checks = {"database": "ok" if db_ok else "down", "event_bus": "ok" if bus_ok else "down"}
@@ -40,6 +45,10 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     return JSONResponse({"status": "ok", "checks": checks})
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.partition(";")[0]: {"schema": {"type": "string"}}}}},
+)
 async def metrics(services: ServicesDep) -> Response:
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

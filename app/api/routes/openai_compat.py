@@ -51,7 +51,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import OwnerDep, ServicesDep
 from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS
-from app.api.schemas import MAX_MESSAGE_CHARS
+from app.api.schemas import MAX_MESSAGE_CHARS, error_responses
 from app.container import Services
 from app.errors import InvalidInputError, NotFoundError, ServiceError, UnauthorizedError
 from app.llm.base import ChatMessage
@@ -150,6 +150,63 @@ class OpenAIErrorRoute(APIRoute):
 
 
 router = APIRouter(tags=["openai"], route_class=OpenAIErrorRoute)
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorResponse(BaseModel):
+    error: OpenAIErrorBody
+
+
+def _openai_errors(
+    *client_errors: str, server_errors: dict[int, str] | None = None, takes_body: bool = False
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` of this router: its 4xx are in OpenAI's shape (``4XX`` also stands in
+    for FastAPI's 422, which these routes never answer), except the 413 of the body-size limit,
+    which the app answers before any route, in its own shape."""
+    out: dict[int | str, dict[str, Any]] = {
+        "4XX": {"model": OpenAIErrorResponse, "description": "; ".join(client_errors)}
+    }
+    if takes_body:
+        out.update(error_responses(413))
+    for status, description in (server_errors or {}).items():
+        out[status] = {"model": OpenAIErrorResponse, "description": description}
+    return out
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelOut]
+
+
+class ChatCompletionOut(BaseModel):
+    """``chat.completion`` as OpenAI sends it, plus the ``agentstream`` extension."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None
+    choices: list[dict[str, Any]]
+    usage: dict[str, int]
+    agentstream: dict[str, Any]
+
+
+_UNAUTHORIZED = "401 `invalid_api_key`: no API key, or not one of API_KEYS"
+# One event of a streamed completion: a chunk, an error, or ``[DONE]``, as ``data`` alone.
+_CHUNK_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 
 
 # ---- request -----------------------------------------------------------------------------------
@@ -425,12 +482,16 @@ def _model_object() -> dict[str, Any]:
     return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "agentstream"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=ModelList, responses=_openai_errors(_UNAUTHORIZED))
 async def list_models(_owner: OwnerDep) -> dict[str, Any]:
     return {"object": "list", "data": [_model_object()]}
 
 
-@router.get("/v1/models/{model_id}")
+@router.get(
+    "/v1/models/{model_id}",
+    response_model=ModelOut,
+    responses=_openai_errors(_UNAUTHORIZED, "404 `not_found`: this service serves one model"),
+)
 async def get_model(model_id: str, _owner: OwnerDep) -> dict[str, Any]:
     if model_id != MODEL_ID:
         raise NotFoundError(f"the model {model_id!r} does not exist; this service serves {MODEL_ID!r}")
@@ -440,7 +501,28 @@ async def get_model(model_id: str, _owner: OwnerDep) -> dict[str, Any]:
 @router.post(
     "/v1/chat/completions",
     response_model=None,
-    responses={200: {"content": {"application/json": {}, "text/event-stream": {}}}},
+    responses={
+        200: {
+            "model": ChatCompletionOut,
+            "description": "`chat.completion`, or with `stream: true` `chat.completion.chunk`s as SSE",
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "array", "items": _CHUNK_EVENT},
+                    "itemSchema": _CHUNK_EVENT,
+                }
+            },
+        },
+        **_openai_errors(
+            "400 `invalid_request`: a request this route cannot take; `param` says where",
+            _UNAUTHORIZED,
+            "409 `run_cancelled`: the run was cancelled through /api",
+            server_errors={
+                502: "`run_failed`: the run failed (the model is down, for one)",
+                503: "`stream_interrupted` or `shutting_down`: the worker is stopping; retry",
+            },
+            takes_body=True,
+        ),
+    },
 )
 async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, owner: OwnerDep) -> Response:
     chat = chat_input(body)

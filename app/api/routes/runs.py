@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from app.api.deps import OwnerDep, ServicesDep
 from app.api.presenters import event_out, run_out
-from app.api.schemas import ErrorResponse, EventOut, RunOut, is_resource_id
+from app.api.schemas import EventOut, RunOut, error_responses, is_resource_id
 from app.container import Services
 from app.db.repositories import RunRecord
 from app.errors import NotFoundError
 
 router = APIRouter(tags=["runs"])
-ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
+ERRORS = error_responses(401, 404, 422)
 
 
 async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:

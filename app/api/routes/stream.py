@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -9,10 +10,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import OwnerDep, ServicesDep, StreamOwnerDep
-from app.api.routes.conversations import ERRORS, owned_conversation
-from app.api.schemas import ChatRequest
+from app.api.routes.conversations import owned_conversation
+from app.api.schemas import ChatRequest, error_responses, optional_parameter
 from app.container import Services
 from app.errors import InvalidInputError
 from app.streaming.bus import StoredEvent, format_cursor, parse_cursor
@@ -20,6 +23,7 @@ from app.streaming.resume import stream_events
 from app.streaming.sse import encode_event
 
 router = APIRouter(tags=["stream"])
+log = logging.getLogger("app.api.stream")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # A client that stops reading for this long is dropped, so its buffers cannot grow without bound;
@@ -36,6 +40,25 @@ def _ping() -> ServerSentEvent:
     return ServerSentEvent(comment="ping")
 
 
+# One event of the stream as OpenAPI 3.2's ``itemSchema`` describes it (API.md, "The event stream").
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
+        "event": {"enum": ["step", "answer", "compact", "phase", "inject", "done"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
+# ``schema`` is the whole stream read as a list of events, as OpenAPI 3.2 has it for sequential media.
+SSE_CONTENT = {
+    "text/event-stream": {
+        "schema": {"type": "array", "items": SSE_EVENT_SCHEMA},
+        "itemSchema": SSE_EVENT_SCHEMA,
+    }
+}
+
+
 async def _encoded(services: Services, conversation_id: str, after: str) -> AsyncIterator[bytes]:
     services.metrics.active_streams.inc()
     try:
@@ -47,8 +70,19 @@ async def _encoded(services: Services, conversation_id: str, after: str) -> Asyn
         services.metrics.active_streams.dec()
 
 
+class _EventStream(EventSourceResponse):
+    """The SSE response; a client that stopped reading is dropped without an error: it is no fault
+    of the server's, and the client loses nothing (it reconnects with its cursor)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except* SendTimeoutError:  # the data send, the ping's, or both
+            log.info("dropped a stream client that stopped reading", extra={"send_timeout_s": SEND_TIMEOUT_S})
+
+
 def sse_response(services: Services, conversation_id: str, after: str) -> EventSourceResponse:
-    return EventSourceResponse(
+    return _EventStream(
         _encoded(services, conversation_id, after),
         headers=SSE_HEADERS,
         ping=services.settings.sse_ping_seconds,
@@ -59,8 +93,10 @@ def sse_response(services: Services, conversation_id: str, after: str) -> EventS
 
 
 # An event id is "<ms>-<seq>" in ASCII digits (int() alone would take "１２" or " 12 "), within
-# what the database's columns hold (BIGINT, INTEGER).
-_CURSOR = re.compile(r"([0-9]{1,19})-([0-9]{1,10})")
+# what the database's columns hold (BIGINT, INTEGER). The OpenAPI document says so with this
+# pattern, where empty means no cursor.
+CURSOR_PATTERN = "^([0-9]{1,18}-[0-9]{1,9})?$"
+_CURSOR = re.compile(r"([0-9]{1,18})-([0-9]{1,9})")
 _MAX_MS = 2**63 - 1
 _MAX_SEQ = 2**31 - 1
 
@@ -119,20 +155,25 @@ async def _nothing_more(services: Services, conversation_id: str, cursor: str) -
 @router.get(
     "/api/conversations/{conversation_id}/stream",
     responses={
-        **ERRORS,
-        200: {"content": {"text/event-stream": {}}},
-        204: {"description": "nothing more to stream"},
+        **error_responses(401, 404, 422),
+        200: {"description": "the events, until `done`", "content": SSE_CONTENT},
+        204: {"description": "nothing more to stream: the latest run is done and was read to its end"},
     },
     response_model=None,
+    response_class=EventSourceResponse,
 )
 async def stream(
     conversation_id: str,
     request: Request,
     services: ServicesDep,
     owner: StreamOwnerDep,
-    after: Annotated[str | None, Query(max_length=64)] = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
-    access_token: Annotated[str | None, Query(max_length=512)] = None,
+    after: Annotated[str | None, Query(max_length=64), optional_parameter(64, CURSOR_PATTERN)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(alias="Last-Event-ID", max_length=64),
+        optional_parameter(64, CURSOR_PATTERN),
+    ] = None,
+    access_token: Annotated[str | None, Query(max_length=512), optional_parameter(512)] = None,
 ) -> Response:
     del request, access_token  # read by StreamOwnerDep
     conv = await owned_conversation(services, owner, conversation_id)
@@ -165,8 +206,12 @@ def title_from(message: str) -> str:
 
 @router.post(
     "/api/chat",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    responses={
+        **error_responses(400, 401, 404, 409, 413, 422, 503),
+        200: {"description": "the new run's events, until `done`", "content": SSE_CONTENT},
+    },
     response_model=None,
+    response_class=EventSourceResponse,
 )
 async def chat(body: ChatRequest, services: ServicesDep, owner: OwnerDep) -> EventSourceResponse:
     if body.conversation_id:

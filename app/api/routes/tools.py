@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import OwnerDep, ServicesDep
-from app.api.schemas import ToolInfo
+from app.api.schemas import ToolInfo, error_responses
 
 router = APIRouter(tags=["tools"])
 
 
-@router.get("/api/tools", response_model=list[ToolInfo])
+@router.get("/api/tools", response_model=list[ToolInfo], responses=error_responses(401))
 async def list_tools(services: ServicesDep, _owner: OwnerDep) -> list[ToolInfo]:
     return [
         ToolInfo(name=t.name, description=t.description, parameters=dict(t.parameters))
