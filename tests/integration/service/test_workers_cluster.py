@@ -45,8 +45,8 @@ pytestmark = [
 
 ROLES: dict[str, dict[str, str]] = {"a": {}, "b": {}}
 STOPPED_ROLES: dict[str, dict[str, str]] = {
-    "killed": {"RUN_LEASE_S": "1"},
-    "stalled": {"RUN_LEASE_S": "1"},
+    "killed": {"RUN_LEASE_S": "2"},
+    "stalled": {"RUN_LEASE_S": "2"},
     "long-grace": {"SHUTDOWN_GRACE_S": "15"},
     "short-grace": {"SHUTDOWN_GRACE_S": "1"},
 }

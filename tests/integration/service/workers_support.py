@@ -211,7 +211,8 @@ class Cluster:
         self._lock = threading.Lock()
         self.roles: dict[str, ServerProcess] = {}
         self._pending: dict[str, Future[list[ServerProcess]]] = {}
-        self._background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="worker-start")
+        # One start at a time: on a busy machine the worker needed first is then up soonest.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-start")
 
     def env(self, **overrides: str) -> dict[str, str]:
         redis: dict[str, str] = {}
@@ -228,7 +229,7 @@ class Cluster:
         self.roles.update(zip(roles, started, strict=True))
 
     def start_roles_in_background(self, roles: dict[str, dict[str, str]]) -> None:
-        """Like ``start_roles`` but returns at once: the workers start while tests run."""
+        """Like ``start_roles`` but returns at once: the workers start, in order, while tests run."""
         for name, overrides in roles.items():
             self._pending[name] = self._background.submit(self.start, 1, **overrides)
 
