@@ -122,17 +122,17 @@ async def _first_after(services: Services, conversation_id: str, cursor: str) ->
     return stored[0] if stored else None
 
 
-async def _is_done_event(services: Services, conversation_id: str, cursor: str) -> bool:
-    """Whether the event whose id is ``cursor`` is a ``done``."""
+async def _event_at(services: Services, conversation_id: str, cursor: str) -> StoredEvent | None:
+    """The event whose id is ``cursor``, if the bus or the database has it."""
     ms, seq = parse_cursor(cursor)
     if seq > 0:
         before = format_cursor(ms, seq - 1)
     elif ms > 0:
         before = format_cursor(ms - 1, _MAX_SEQ)
     else:
-        return False
+        return None
     event = await _first_after(services, conversation_id, before)
-    return event is not None and event.id == cursor and event.is_done
+    return event if event is not None and event.id == cursor else None
 
 
 async def _nothing_more(services: Services, conversation_id: str, cursor: str) -> bool:
@@ -141,15 +141,16 @@ async def _nothing_more(services: Services, conversation_id: str, cursor: str) -
         return False
     if await _first_after(services, conversation_id, cursor) is not None:
         return False
-    # A run's row is closed a moment before its done is published (app.runs.manager): a cursor
-    # just before that done must wait for it. Long after the close, a done that never came will
-    # not come any more.
+    # A run's row is closed a moment before its done is published (app.runs.manager): a cursor at
+    # an event just before that done must wait for it. Long after the close, a done that never
+    # came will not come any more.
     latest = await services.runs.latest(conversation_id)
     if latest is None or latest.finished_at is None:
         return True
     if datetime.now(UTC) - latest.finished_at > timedelta(seconds=DONE_PENDING_S):
         return True
-    return await _is_done_event(services, conversation_id, cursor)
+    event = await _event_at(services, conversation_id, cursor)
+    return event is None or event.is_done
 
 
 @router.get(

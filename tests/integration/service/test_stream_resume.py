@@ -146,7 +146,11 @@ def test_a_reconnect_at_the_latest_done_with_no_run_active_gets_204(
     first = api.wait_stored(api.start_run(conv, "first"))
     second = api.wait_stored(api.start_run(conv, "second"))
 
-    for params in ({"last_event_id": second[-1]["id"]}, {"after": second[-1]["id"]}):
+    for params in (
+        {"last_event_id": second[-1]["id"]},
+        {"after": second[-1]["id"]},
+        {"last_event_id": "99999999999999-0"},  # past every event: nothing more either
+    ):
         with api.stream(conv, **params) as response:
             assert response.status_code == 204
             assert response.response.read() == b""
