@@ -145,6 +145,8 @@ class Stack:
                     "--no-access-log",
                     "--backlog",
                     "4096",
+                    "--timeout-keep-alive",
+                    "300",
                 ],
                 cwd=self.tmp.name,
                 env=env,

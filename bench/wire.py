@@ -49,6 +49,17 @@ class Connection:
         self.bytes_out = 0
 
     async def request(self, method: str, path: str, payload: Any = None) -> tuple[int, Any]:
+        reused = self.writer is not None
+        try:
+            return await self._request(method, path, payload)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if not reused:
+                raise
+            # The server closed the idle keep-alive connection: once more on a new one.
+            await self.close()
+            return await self._request(method, path, payload)
+
+    async def _request(self, method: str, path: str, payload: Any = None) -> tuple[int, Any]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
