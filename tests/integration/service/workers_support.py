@@ -2,12 +2,14 @@
 
 - ``GatedAgent``: a fake OpenAI behaviour whose loop calls wait for a gate the test opens, so a run
   lasts exactly as long as the test needs, with no sleeps.
-- ``Api``: a small sync client of one service (REST calls and SSE streams through httpx).
+- ``Api``: a small sync client of one service (REST calls and SSE streams through httpx);
+  ``Stream``: one open SSE response read bit by bit (events, ``: ping`` comments, its end).
 - ``STACKS``, ``BUSES``: the databases x buses a stream test runs on.
 - fixtures: ``gated_llm`` (a started fake server playing a ``GatedAgent``), ``redis_prefix`` (a
   unique key prefix whose keys are deleted afterwards), ``clients`` (makes ``Api``s, closed after
   the test), ``start_service`` (in-thread servers on this test's database, stopped after it).
-- ``Cluster``: uvicorn worker subprocesses on one database and Redis, for the many-workers tests.
+- ``Cluster``: uvicorn worker subprocesses on one database and Redis, for the many-workers tests;
+  ``start_stream_interrupt_and_cancel_across_workers``: the scenario both database modules run.
 
 Named apart from the fixtures of this folder's conftest.py, which the API tests own.
 """
