@@ -52,49 +52,37 @@ async def stream_events(
     last = after
     attempt = 0
     while True:
-        last_key = parse_cursor(last)
+        from_store = False
         try:
-            continuous = await _bus_continues(bus, store, conversation_id, last_key)
+            continuous = await _bus_continues(bus, store, conversation_id, parse_cursor(last))
             if continuous is None:
                 # The database holds events the bus lost: serve a page of them, then look again.
-                served = False
-                for event in await store.read_after(conversation_id, last, PAGE):
-                    key = parse_cursor(event.id)
-                    if key <= last_key:
-                        continue
-                    served = True
-                    yield event
-                    last, last_key = event.id, key
-                    if event.is_done:
-                        return
-                if not served:  # deleted meanwhile: do not spin
-                    attempt += 1
-                    await asyncio.sleep(_backoff(attempt, outage_poll_s))
-                continue
-            follow = bus.follow(conversation_id, last)
-            try:
-                if not continuous:
-                    # The bus starts later than `last`: check the seam against the database once.
-                    first = await anext(follow)
-                    first_key = parse_cursor(first.id)
-                    if await _store_has_between(store, conversation_id, last, first_key, seam_wait_s):
-                        continue  # the bus skipped events the database has: look again
-                    yield first
-                    last = first.id
-                    if first.is_done:
-                        return
-                attempt = 0
-                # follow() yields ids > `last`, increasing, each once: no need to compare here.
-                async for event in follow:
-                    yield event
-                    last = event.id
-                    if event.is_done:
-                        return
-            finally:
-                # Leaving a follow early must unsubscribe now, not when the generator is collected.
-                aclose = getattr(follow, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                from_store = True
+            else:
+                follow = bus.follow(conversation_id, last)
+                try:
+                    if not continuous:
+                        # The bus starts later than `last`: check the seam against the database once.
+                        first = await anext(follow)
+                        first_key = parse_cursor(first.id)
+                        if await _store_has_between(store, conversation_id, last, first_key, seam_wait_s):
+                            continue  # the bus skipped events the database has: look again
+                        yield first
+                        last = first.id
+                        if first.is_done:
+                            return
+                    attempt = 0
+                    # follow() yields ids > `last`, increasing, each once: no need to compare here.
+                    async for event in follow:
+                        yield event
+                        last = event.id
+                        if event.is_done:
+                            return
+                finally:
+                    # Leaving a follow early must unsubscribe now, not when the generator is collected.
+                    aclose = getattr(follow, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
         except BusClosedError:
             return
         except BusUnavailableError as exc:
@@ -102,20 +90,30 @@ async def stream_events(
                 "event bus unavailable; serving from the database",
                 extra={"conversation_id": conversation_id, "error": str(exc)},
             )
-            last_key = parse_cursor(last)
-            served = False
-            for event in await store.read_after(conversation_id, last, PAGE):
-                key = parse_cursor(event.id)
-                if key <= last_key:
-                    continue
-                served = True
-                yield event
-                last, last_key = event.id, key
-                if event.is_done:
-                    return
-            if not served:
-                attempt += 1
-                await asyncio.sleep(_backoff(attempt, outage_poll_s))
+            from_store = True
+        if not from_store:
+            continue
+        page = await _store_page(store, conversation_id, last)
+        for event in page:
+            yield event
+            last = event.id
+            if event.is_done:
+                return
+        if not page:  # nothing new (deleted, or the database is behind): do not spin
+            attempt += 1
+            await asyncio.sleep(_backoff(attempt, outage_poll_s))
+
+
+async def _store_page(store: EventStoreReader, conversation_id: str, last: str) -> list[StoredEvent]:
+    """The database's next events after ``last``, strictly increasing."""
+    last_key = parse_cursor(last)
+    page: list[StoredEvent] = []
+    for event in await store.read_after(conversation_id, last, PAGE):
+        key = parse_cursor(event.id)
+        if key > last_key:
+            page.append(event)
+            last_key = key
+    return page
 
 
 def _backoff(attempt: int, cap: float) -> float:
