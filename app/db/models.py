@@ -6,6 +6,7 @@ dialect. Datetimes are stored in UTC and always come back timezone-aware, SQLite
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +70,29 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class StoredText(TypeDecorator[str]):
+    """``Text`` that any database takes: NUL (PostgreSQL refuses it in text) becomes U+FFFD, and so
+    does a lone surrogate (no UTF-8 encoding has one). Models and tools can return either; a run
+    whose answer or tool result could not be stored would never be closed."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            value = _SURROGATE.sub("\ufffd", value)
+        return value
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -87,7 +111,7 @@ class Conversation(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(200), index=True)
-    title: Mapped[str] = mapped_column(Text)
+    title: Mapped[str] = mapped_column(StoredText)
     agent_config: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -104,7 +128,7 @@ class Message(Base):
     run_id: Mapped[str | None] = mapped_column(String(64))
     seq: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(16))
-    content: Mapped[str | None] = mapped_column(Text)
+    content: Mapped[str | None] = mapped_column(StoredText)
     # SQL NULL for "no tool calls", not the JSON literal null.
     tool_calls: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
     tool_call_id: Mapped[str | None] = mapped_column(String(200))
@@ -135,12 +159,12 @@ class Run(Base):
     )
     owner: Mapped[str] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(16))
-    message: Mapped[str] = mapped_column(Text)
-    answer: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str] = mapped_column(StoredText)
+    answer: Mapped[str | None] = mapped_column(StoredText)
     iterations: Mapped[int] = mapped_column(Integer, default=0)
     usage: Mapped[dict[str, Any]]
     elapsed: Mapped[float | None] = mapped_column(Float)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(StoredText)
     pending_injections: Mapped[list[Any]]
     start_cursor: Mapped[str] = mapped_column(String(64))
     worker_id: Mapped[str | None] = mapped_column(String(200))

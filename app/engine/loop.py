@@ -391,7 +391,7 @@ def decode_args(tool_name: str, raw: object) -> tuple[dict[str, Any], str | None
             return {}, None
         try:
             value = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             return {}, json_args_error(tool_name, raw, f"not valid JSON ({exc})")
         if isinstance(value, dict):
             return value, None

@@ -363,6 +363,22 @@ def _field(obj: object, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
+# Where an event-stream line ends: CR, LF or CRLF, and nothing else. httpx's ``aiter_lines`` also
+# ends lines at U+2028, U+0085 and the like (``str.splitlines``), which a JSON chunk may carry raw
+# in a string; that would cut a token's chunk in two. A trailing CR waits for a possible LF.
+_LINE_END = re.compile(r"\r\n|\r(?!$)|\n")
+
+
+async def _lines(response: Any) -> AsyncIterator[str]:
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = _LINE_END.split(pending + text)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
+
+
 async def _chunks(response: Any) -> AsyncIterator[object]:
     """The JSON chunks of an OpenAI-style SSE body, parsed straight off the wire.
 
@@ -371,7 +387,7 @@ async def _chunks(response: Any) -> AsyncIterator[object]:
     its end (past ``[DONE]``) so that the connection goes back to the pool. ``response`` is the
     stream's HTTP response (typed by the SDK as its own httpx fork, though it is our httpx client's).
     """
-    async for line in response.aiter_lines():
+    async for line in _lines(response):
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()

@@ -7,6 +7,8 @@ equivalent sse-starlette object for a route that prefers it.
 
 from __future__ import annotations
 
+import re
+
 from sse_starlette import ServerSentEvent
 
 from app.streaming.bus import StoredEvent
@@ -14,16 +16,37 @@ from app.streaming.bus import StoredEvent
 PING = b": ping\n\n"
 
 # CR, LF and NUL would end an SSE line or confuse a client. orjson escapes them inside strings and
-# never emits them between tokens, so this only fires on JSON made elsewhere. In valid JSON a raw
+# never emits them between tokens, so they only come from JSON made elsewhere. In valid JSON a raw
 # CR/LF can only be whitespace between tokens, so a space keeps the JSON equal; a raw NUL is invalid
 # anywhere, and its escape is right if it sat in a string.
-_UNSAFE = str.maketrans({"\r": " ", "\n": " ", "\0": "\\u0000"})
+# U+0085, U+2028 and U+2029 end a line for readers that split like ``str.splitlines()`` (httpx's
+# ``iter_lines``, so many Python SSE clients, our CLI among them). orjson leaves them raw inside
+# strings, the only place they can be; their JSON escapes keep both the value and the line whole.
+_UNSAFE = str.maketrans(
+    {
+        "\r": " ",
+        "\n": " ",
+        "\0": "\\u0000",
+        "\x85": "\\u0085",
+        "\u2028": "\\u2028",
+        "\u2029": "\\u2029",
+    }
+)
+_UNSAFE_CHARS = re.compile("[\r\n\0\x85\u2028\u2029]")
+# The same three separators in UTF-8 (a lead byte never occurs inside another character).
+_SEPARATOR_BYTES = re.compile(rb"\xc2\x85|\xe2\x80[\xa8\xa9]")
+_SEPARATOR_ESCAPES = {b"\xc2\x85": b"\\u0085", b"\xe2\x80\xa8": b"\\u2028", b"\xe2\x80\xa9": b"\\u2029"}
 
 
 def _field(value: str) -> str:
-    if "\n" in value or "\r" in value or "\0" in value:
+    if _UNSAFE_CHARS.search(value):
         return value.translate(_UNSAFE)
     return value
+
+
+def single_line_json(data: bytes) -> bytes:
+    """orjson output made safe as one ``data:`` line for any SSE reader (see ``_UNSAFE``)."""
+    return _SEPARATOR_BYTES.sub(lambda m: _SEPARATOR_ESCAPES[m.group()], data)
 
 
 def encode_event(event: StoredEvent) -> bytes:

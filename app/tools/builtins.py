@@ -8,6 +8,7 @@ input and raises ``ToolInputError`` with a message the model can act on; none do
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Callable
@@ -206,8 +207,8 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> float:
 async def unit_convert(value: float, from_unit: str, to_unit: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ToolInputError(f"'value' must be a number, got {type(value).__name__}")
-    if abs(value) > 1e15:
-        raise ToolInputError("'value' is out of range (at most 1e15)")
+    if not math.isfinite(value) or abs(value) > 1e15:  # NaN and infinities come from lenient JSON
+        raise ToolInputError("'value' is out of range (a finite number, at most 1e15)")
     result = convert_units(float(value), from_unit, to_unit)
     return f"{format_number(float(value))} {from_unit.strip()} = {format(result, '.6g')} {to_unit.strip()}"
 

@@ -7,8 +7,9 @@ raised exception (E-26).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -114,6 +115,9 @@ class ToolRegistry:
         return [t.openai_schema() for t in self._tools.values()]
 
     async def execute(self, name: str, args: Mapping[str, Any]) -> ToolResult:
+        return _encodable(await self._execute(name, args))
+
+    async def _execute(self, name: str, args: Mapping[str, Any]) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
@@ -129,3 +133,20 @@ class ToolRegistry:
         if isinstance(out, ToolOutput):
             return ToolResult(content=out.content, artifact=out.artifact)
         return ToolResult(content=str(out))
+
+
+# NUL and lone surrogates (a tool that read binary data, a file name decoded with surrogateescape)
+# have no place in UTF-8 JSON events, and PostgreSQL refuses NUL in text: U+FFFD stands in for them.
+_UNENCODABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _clean(text: str) -> str:
+    return _UNENCODABLE.sub("\ufffd", text)
+
+
+def _encodable(result: ToolResult) -> ToolResult:
+    artifact = result.artifact
+    if artifact is not None:
+        artifact = replace(artifact, filename=_clean(artifact.filename), content=_clean(artifact.content))
+    error = _clean(result.error) if result.error is not None else None
+    return ToolResult(content=_clean(result.content), error=error, artifact=artifact)

@@ -50,13 +50,14 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import OwnerDep, ServicesDep
-from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS
+from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS, title_from
 from app.api.schemas import MAX_MESSAGE_CHARS, error_responses
 from app.container import Services
 from app.errors import InvalidInputError, NotFoundError, ServiceError, UnauthorizedError
 from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent
 from app.streaming.resume import stream_events
+from app.streaming.sse import single_line_json
 
 MODEL_ID = "agentstream"
 MAX_INSTRUCTIONS_CHARS = 8000
@@ -270,6 +271,11 @@ def _text_of(message: ChatMessageIn, index: int) -> str:
         text = "\n".join(pieces)
     if "\x00" in text:
         raise InvalidInputError(f"messages.{index}.content: text must not contain NUL characters")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud800" in the JSON) is no text any database can store.
+        raise InvalidInputError(f"messages.{index}.content: text must be valid Unicode") from None
     return text
 
 
@@ -419,7 +425,7 @@ class Completion:
             obj["usage"] = usage
         if agentstream is not None:
             obj["agentstream"] = agentstream
-        return b"data: " + orjson.dumps(obj) + b"\n\n"
+        return b"data: " + single_line_json(orjson.dumps(obj)) + b"\n\n"
 
 
 class ChunkEncoder:
@@ -454,7 +460,7 @@ class ChunkEncoder:
         c = self.completion
         error = _outcome_error(done)
         if error is not None:
-            return [b"data: " + orjson.dumps(error_body(error)) + b"\n\n", _DONE_LINE]
+            return [b"data: " + single_line_json(orjson.dumps(error_body(error))) + b"\n\n", _DONE_LINE]
         out: list[bytes] = []
         answer = str(done.get("answer") or "")
         outcome = c.outcome(done)
@@ -472,7 +478,7 @@ class ChunkEncoder:
     def interrupted(self) -> list[bytes]:
         error = _outcome_error(None)
         assert error is not None
-        return [b"data: " + orjson.dumps(error_body(error)) + b"\n\n", _DONE_LINE]
+        return [b"data: " + single_line_json(orjson.dumps(error_body(error))) + b"\n\n", _DONE_LINE]
 
 
 # ---- routes ------------------------------------------------------------------------------------
@@ -526,7 +532,7 @@ async def get_model(model_id: str, _owner: OwnerDep) -> dict[str, Any]:
 )
 async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, owner: OwnerDep) -> Response:
     chat = chat_input(body)
-    title = chat.question.strip().splitlines()[0][:80] or "Chat"
+    title = title_from(chat.question)
     agent = {"system_prompt": chat.instructions} if chat.instructions else {}
     conversation = await services.conversations.create(owner, title, agent)
     run = await services.manager.start_run(conversation, chat.question, prior=chat.prior)
