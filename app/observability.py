@@ -8,6 +8,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote_plus
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -58,8 +59,34 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
+def redact_query(path: str) -> str:
+    """``path`` with the value of its ``access_token`` parameter (however it is spelled) hidden."""
+    base, sep, query = path.partition("?")
+    if not sep:
+        return path
+    items = query.split("&")
+    for i, item in enumerate(items):
+        name, _, _ = item.partition("=")
+        if unquote_plus(name) == "access_token":
+            items[i] = f"{name}=[redacted]"
+    return f"{base}?{'&'.join(items)}"
+
+
+class _RedactAccessToken(logging.Filter):
+    """uvicorn's access log prints the request line, query included; a browser's stream request
+    carries its API key there (``?access_token=``), as EventSource cannot send headers."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_query(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
 def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
     """Install one handler on the ``app`` logger (idempotent, so many apps can be built in one process)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _RedactAccessToken) for f in access.filters):
+        access.addFilter(_RedactAccessToken())
     logger = logging.getLogger("app")
     for h in list(logger.handlers):
         if getattr(h, "_agentstream", False):
