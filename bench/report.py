@@ -30,9 +30,9 @@ OPTIMISATIONS = [
         "21.9 ms/run",
     ),
     (
-        "SQLite: one pooled connection per process + `BEGIN IMMEDIATE`",
+        "SQLite: a process's write transactions take turns on a FIFO lock; reads stay concurrent",
         "200 concurrent runs on one worker: HTTP 500 `database is locked` on POST .../runs",
-        "no errors (runs queue for the connection instead)",
+        "no errors; 2,000 streams on 100 quiet runs all open (20 s), pinged, 242 MB",
     ),
 ]
 
