@@ -364,7 +364,7 @@ async def scenario_http(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _latency_level(
-    port: int, concurrency: int, runs_each: int, tokens: int, deadline: float
+    port: int, concurrency: int, runs_each: int, tokens: int, deadline: float, follow_ups: bool = False
 ) -> dict[str, Any]:
     latencies: list[int] = []
     engine_side: list[int] = []
@@ -379,10 +379,18 @@ async def _latency_level(
         await asyncio.sleep(n / concurrency)
         conn = Connection(HOST, port)
         try:
+            conv_id = ""
+            if follow_ups:
+                # One untimed first run: the timed ones are follow-ups in a conversation whose
+                # stream already exists on the bus.
+                conv_id = await new_conversation(conn)
+                await start_run(conn, conv_id)
+                await read_stream(port, conv_id)
             for _ in range(runs_each):
                 if time.monotonic() > deadline:
                     return
-                conv_id = await new_conversation(conn)
+                if not follow_ups:
+                    conv_id = await new_conversation(conn)
                 await start_run(conn, conv_id)
                 result = await read_stream(port, conv_id, timed=True)
                 latencies.extend(result.stamps)
@@ -443,7 +451,9 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
                 )  # fmt: skip
             cpu0, t0, client0 = cpu_seconds(proc.pid), time.perf_counter(), time.process_time()
             deadline = time.monotonic() + args.max_seconds
-            level = await _latency_level(port, concurrency, args.runs_each, args.tokens, deadline)
+            level = await _latency_level(
+                port, concurrency, args.runs_each, args.tokens, deadline, args.follow_ups
+            )
             level["worker_cpu_pct"] = 100 * (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - t0)
             level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
             level["worker_rss_mb"] = rss_mb(proc.pid)
@@ -463,6 +473,9 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
         "scenario": "latency",
         "tokens_per_run": args.tokens,
         "token_interval_ms": 1000 * args.delay_s,
+        "mode": "follow-up runs in existing conversations"
+        if args.follow_ups
+        else "first run of new conversations",
         "database": database,
         "levels": levels,
         "clock": "fake LLM stamps time.time() right before writing each token; the client reads the "
@@ -500,10 +513,21 @@ async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 await conn.close()
 
+        spy = None
+        if args.profile and Path(args.py_spy).exists():
+            # Where worker 0's CPU goes (it starts half the runs and streams the other half).
+            spy = subprocess.Popen(  # noqa: ASYNC220
+                [args.py_spy, "record", "-p", str(pids[0]), "-d", str(int(args.seconds)), "-r", "100",
+                 "-f", "raw", "-o", args.profile, "--nonblocking", "--gil"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         cpu0 = [cpu_seconds(p) for p in pids]
         t0 = time.perf_counter()
         await asyncio.gather(*(user(n) for n in range(args.concurrency)))
         elapsed = time.perf_counter() - t0
+        if spy is not None:
+            spy.terminate()
+            await asyncio.to_thread(spy.wait)
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
     return {
         "scenario": "throughput",
@@ -517,6 +541,7 @@ async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": elapsed,
         "tokens_per_s": delivered / elapsed,
         "worker_cpu_pct": [100 * c / elapsed for c in cpu],
+        "worker_cpu_us_per_token": 1e6 * sum(cpu) / max(1, delivered),
     }
 
 
@@ -618,12 +643,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     lat.add_argument("--delay-s", type=float, default=0.05)
     lat.add_argument("--max-seconds", type=float, default=60, help="per concurrency level")
     lat.add_argument("--profile", default="", help="write a py-spy profile of the last level here")
+    lat.add_argument(
+        "--follow-ups", action="store_true", help="time follow-up runs in conversations that had one run"
+    )
     lat.add_argument("--py-spy", default=str(ROOT / "bench/.venv-peers/bin/py-spy"))
     t = sub.add_parser("throughput")
     t.add_argument("--concurrency", type=int, default=16)
     t.add_argument("--tokens", type=int, default=2000)
     t.add_argument("--seconds", type=float, default=20)
     t.add_argument("--max-runs", type=int, default=5000)
+    t.add_argument("--profile", default="", help="write a py-spy profile of worker 0 here")
+    t.add_argument("--py-spy", default=str(ROOT / "bench/.venv-peers/bin/py-spy"))
     i = sub.add_parser("idle")
     i.add_argument("--connections", type=int, default=2000)
     i.add_argument("--runs", type=int, default=100)
