@@ -92,11 +92,13 @@ FAULTS = {
     "tool-call-arguments-not-json": Fault(
         loop=(FakeReply.tool_calls([("calculator", '{"expression": "6*7"')]),),
         iterations=2,
+        llm_calls=3,
         tool_error="Invalid arguments for tool 'calculator'",
     ),
     "call-to-a-tool-that-does-not-exist": Fault(
         loop=(FakeReply.tool_calls([("no_such_tool", {"x": 1})]),),
         iterations=2,
+        llm_calls=3,
         tool_error="Tool 'no_such_tool' not found",
     ),
 }
