@@ -8,7 +8,7 @@ sees::
     .venv/bin/python -m tests.integration.reliability.measure_worker_loss [--rounds 3]
 
 It needs the test PostgreSQL and Redis (``tests.support.services``), starts four uvicorn workers
-and takes about ten seconds a round.
+and takes 10-25 seconds a round (mostly starting the workers).
 """
 
 from __future__ import annotations
