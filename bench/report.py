@@ -86,10 +86,11 @@ def fold_summary(path: Path, top: int = 15) -> str:
     if not total:
         return "(no samples)"
     lines = [f"{total} samples. Own time (the frame itself):"]
-    lines += [f"  {100 * c / total:5.1f}%  {f[:140]}" for f, c in own.most_common(top)]
+    ranked_own = sorted(own.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    lines += [f"  {100 * c / total:5.1f}%  {f[:140]}" for f, c in ranked_own]
     lines.append("Cumulative (the frame and what it calls), app/ and library frames:")
     shown = 0
-    for f, c in cum.most_common(200):
+    for f, c in sorted(cum.items(), key=lambda kv: (-kv[1], kv[0]))[:200]:
         if any(
             s in f for s in ("runpy", "click/", "uvicorn/main", "_bootstrap", "Runner.run", "asyncio_run")
         ):
@@ -259,7 +260,8 @@ def main() -> None:
         ),
         (
             "4",
-            f"delivery p50 < 5 ms, p99 < 25 ms at {top_level['concurrency'] if top_level else '?'} runs (first runs)",
+            f"delivery p50 < 5 ms, p99 < 25 ms at {top_level['concurrency'] if top_level else '?'} runs "
+            "(first runs)",
             f"p50 {fmt(top_level['p50_ms'], ' ms', 2)}, p99 {fmt(top_level['p99_ms'], ' ms', 1)}"
             if top_level
             else "n/a",
@@ -349,29 +351,34 @@ def main() -> None:
         )
         md.append("| measure | value |\n|---|---|")
         md.append(
-            f"| wall per run p50 / mean / p99 | {fmt(http['wall_ms_p50'])} / {fmt(http['wall_ms_mean'])} / {fmt(http['wall_ms_p99'])} ms |"
+            f"| wall per run p50 / mean / p99 | {fmt(http['wall_ms_p50'])} / "
+            f"{fmt(http['wall_ms_mean'])} / {fmt(http['wall_ms_p99'])} ms |"
         )
         md.append(f"| raw loop wall per run (p50) | {fmt(raw['wall'] if raw else None)} ms |")
         md.append(
-            f"| LangGraph API server wall per run (p50) | {fmt(lgs['wall_ms_p50']) + ' ms' if lgs_ok else lgs.get('error') if lgs else 'n/a'} |"
+            "| LangGraph API server wall per run (p50) | "
+            f"{fmt(lgs['wall_ms_p50']) + ' ms' if lgs_ok else lgs.get('error') if lgs else 'n/a'} |"
         )
         md.append(f"| SSE bytes per answer token (headers included, coalescing counts) | {fmt(bpt)} |")
         md.append(
-            f"| all HTTP bytes per answer token (both POSTs, the events check, the stream) | {fmt(http['all_bytes_per_token'])} |"
+            "| all HTTP bytes per answer token (both POSTs, the events check, the stream) | "
+            f"{fmt(http['all_bytes_per_token'])} |"
         )
         if lgs_ok:
             md.append(
                 f"| LangGraph API server SSE bytes per answer token | {fmt(lgs['stream_bytes_per_token'])} |"
             )
         md.append(
-            f"| POST .../runs -> first `step` event, p50 / p99 | {fmt(http['ttft_ms_p50'])} / {fmt(http['ttft_ms_p99'])} ms |"
+            f"| POST .../runs -> first `step` event, p50 / p99 | {fmt(http['ttft_ms_p50'])} / "
+            f"{fmt(http['ttft_ms_p99'])} ms |"
         )
         md.append("")
 
     md.append("## 3. Cost of an iteration over a 50-iteration run\n")
     if scaling:
         md.append(
-            f"50 tool calls (the max-iterations fallback ends the loop), then synthesis; {scaling['repeats']} "
+            "50 tool calls (the max-iterations fallback ends the loop), then synthesis; "
+            f"{scaling['repeats']} "
             "runs, median per iteration. Engine CPU = the process's CPU during the iteration minus the CPU "
             "spent inside the LLM client call; the LLM client's CPU (building the request from the whole "
             "history, parsing the reply) is shown apart.\n"
@@ -380,7 +387,8 @@ def main() -> None:
         for row in rows_sc:
             if row["iteration"] in (1, 2, 10, 25, 40, 49, 50):
                 md.append(
-                    f"| {row['iteration']} | {fmt(row['engine_cpu_ms'], '', 3)} | {fmt(row['llm_client_cpu_ms'], '', 2)} | {fmt(row['wall_ms'], '', 2)} |"
+                    f"| {row['iteration']} | {fmt(row['engine_cpu_ms'], '', 3)} | "
+                    f"{fmt(row['llm_client_cpu_ms'], '', 2)} | {fmt(row['wall_ms'], '', 2)} |"
                 )
         md.append(
             f"\nRatio iteration 50 / iteration 1: engine CPU {fmt(sc_ratio, 'x', 2)}, engine + LLM client "
@@ -391,8 +399,10 @@ def main() -> None:
     if latency:
         md.append(
             f"One worker, Redis Streams, {latency['database']}. The fake LLM sends answer tokens "
-            f"{fmt(latency['token_interval_ms'], ' ms', 0)} apart, each stamped with `time.time()` taken right "
-            "before the write; the SSE client (another process, same clock) subtracts the stamp from the time "
+            f"{fmt(latency['token_interval_ms'], ' ms', 0)} apart, each stamped with `time.time()` "
+            "taken right "
+            "before the write; the SSE client (another process, same clock) subtracts the stamp from "
+            "the time "
             "the bytes arrived. The stamp is when the engine could first have the token, so the figure "
             "includes the engine's HTTP read of it. Tokens sent before the client's stream was open are "
             "replays, not deliveries, and are counted apart. No app change was needed.\n"
@@ -415,7 +425,8 @@ def main() -> None:
                 f"{lv.get('tokens_sent_before_client_connected', 0)} | "
                 f"{lv['tokens_missing']} | {fmt(lv['tokens_per_s'], '', 0)} | {fmt(lv['p50_ms'], '', 2)} | "
                 f"{fmt(lv['p90_ms'], '', 2)} | {fmt(lv['p99_ms'], '', 1)} | {fmt(lv['max_ms'], '', 0)} | "
-                f"{fmt(lv.get('llm_to_publish_p99_ms'), '', 1)} | {fmt(lv.get('publish_to_client_p99_ms'), '', 1)} | "
+                f"{fmt(lv.get('llm_to_publish_p99_ms'), '', 1)} | "
+                f"{fmt(lv.get('publish_to_client_p99_ms'), '', 1)} | "
                 f"{fmt(lv['worker_cpu_pct'], '%', 0)} | {fmt(lv['worker_rss_mb'], '', 0)} |"
             )
         if plot(latency, HERE / "latency.png", follow):
@@ -428,8 +439,10 @@ def main() -> None:
             "starting a run on one worker and streaming it from the other (so every token crosses Redis); "
             f"{tput['tokens_per_run']}-token answers served as fast as the fake LLM can. Every run's deltas "
             f"must concatenate to exactly the fake LLM's answer and to `done.answer`: {tput['runs']} runs, "
-            f"{tput['runs_wrong']} wrong, {tput['tokens_delivered']:,} tokens in {fmt(tput['seconds'], ' s')}: "
-            f"**{fmt(tps, ' tokens/s', 0)}**; worker CPU {', '.join(fmt(c, '%', 0) for c in tput['worker_cpu_pct'])}, "
+            f"{tput['runs_wrong']} wrong, {tput['tokens_delivered']:,} tokens in "
+            f"{fmt(tput['seconds'], ' s')}: "
+            f"**{fmt(tps, ' tokens/s', 0)}**; worker CPU "
+            f"{', '.join(fmt(c, '%', 0) for c in tput['worker_cpu_pct'])}, "
             f"{fmt(tput.get('worker_cpu_us_per_token'), ' us', 1)} of worker CPU per token (both workers).\n"
         )
     if redis_b:
@@ -442,25 +455,33 @@ def main() -> None:
     md.append("## 6. Idle connections and memory\n")
     if idle:
         md.append(
-            f"One worker, {idle['active_runs']} runs held quiet (their first LLM call is held by the fake LLM), "
-            f"{idle['connections']} SSE connections spread over them, `SSE_PING_SECONDS={idle['ping_s']:g}`.\n"
+            f"One worker, {idle['active_runs']} runs held quiet (their first LLM call is held by the "
+            "fake LLM), "
+            f"{idle['connections']} SSE connections spread over them, "
+            f"`SSE_PING_SECONDS={idle['ping_s']:g}`.\n"
         )
         md.append("| measure | value |\n|---|---|")
         md.append(f"| RSS, worker warmed up and idle | {fmt(idle['rss_idle_mb'])} MB |")
         md.append(
-            f"| RSS with {idle['active_runs']} active runs | {fmt(idle['rss_with_runs_mb'])} MB ({fmt(idle['rss_per_active_run_kb'], ' KB', 0)} per run) |"
+            f"| RSS with {idle['active_runs']} active runs | {fmt(idle['rss_with_runs_mb'])} MB "
+            f"({fmt(idle['rss_per_active_run_kb'], ' KB', 0)} per run) |"
         )
         md.append(
-            f"| RSS with {idle['connections']} connections open | {fmt(idle['rss_with_connections_mb'])} MB ({fmt(idle['rss_per_connection_kb'], ' KB', 0)} per connection) |"
+            f"| RSS with {idle['connections']} connections open | "
+            f"{fmt(idle['rss_with_connections_mb'])} MB "
+            f"({fmt(idle['rss_per_connection_kb'], ' KB', 0)} per connection) |"
         )
         md.append(
-            f"| connections open while idle / got a ping in the window | {idle['open_while_idle']} / {idle['connections_pinged']} |"
+            f"| connections open while idle / got a ping in the window | {idle['open_while_idle']} / "
+            f"{idle['connections_pinged']} |"
         )
         md.append(
-            f"| seconds until all {idle['connections']} streams answered | {fmt(idle['seconds_to_open_all'])} |"
+            f"| seconds until all {idle['connections']} streams answered | "
+            f"{fmt(idle['seconds_to_open_all'])} |"
         )
         md.append(
-            f"| worker CPU while idle (pings, Redis readers) | {fmt(idle['worker_cpu_pct_while_idle'], '%', 0)} |"
+            "| worker CPU while idle (pings, Redis readers) | "
+            f"{fmt(idle['worker_cpu_pct_while_idle'], '%', 0)} |"
         )
         md.append(f"| `done` received after release | {idle['done_received']} |")
         md.append("")

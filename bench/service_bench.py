@@ -97,8 +97,9 @@ class Stack:
             raise
         return self
 
-    async def _start(self) -> None:  # noqa: ASYNC220, ASYNC230 - start-up, before any load
-        self.fake = subprocess.Popen(
+    async def _start(self) -> None:
+        # Start-up, before any load: blocking process and file calls are fine here.
+        self.fake = subprocess.Popen(  # noqa: ASYNC220
             [PY, "-m", "bench.fakellm", *self.fake_args], cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
         assert self.fake.stdout is not None
@@ -128,8 +129,8 @@ class Stack:
         }
         for i in range(self.n_workers):
             port = free_port()
-            log = open(Path(self.tmp.name) / f"worker{i}.log", "wb")
-            proc = subprocess.Popen(
+            log = open(Path(self.tmp.name) / f"worker{i}.log", "wb")  # noqa: ASYNC230
+            proc = subprocess.Popen(  # noqa: ASYNC220
                 [
                     PY,
                     "-m",
@@ -442,7 +443,7 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
         proc, port = stack.workers[0]
         for n, concurrency in enumerate(args.concurrency):
             spy = None
-            if args.profile and n == len(args.concurrency) - 1 and Path(args.py_spy).exists():
+            if args.profile and n == len(args.concurrency) - 1 and args.have_py_spy:
                 # Where the worker's time goes at the highest concurrency (collapsed stacks).
                 spy = subprocess.Popen(  # noqa: ASYNC220
                     [args.py_spy, "record", "-p", str(proc.pid), "-d", "20", "-r", "100", "-f", "raw",
@@ -463,7 +464,8 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.to_thread(spy.wait)
             print(
                 f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms; "
-                f"LLM->publish p50 {level['llm_to_publish_p50_ms']:.1f} p99 {level['llm_to_publish_p99_ms']:.1f}; "
+                f"LLM->publish p50 {level['llm_to_publish_p50_ms']:.1f} "
+                f"p99 {level['llm_to_publish_p99_ms']:.1f}; "
                 f"publish->client p50 {level['publish_to_client_p50_ms']:.1f} "
                 f"p99 {level['publish_to_client_p99_ms']:.1f}; worker CPU {level['worker_cpu_pct']:.0f}% "
                 f"client CPU {level['client_cpu_pct']:.0f}%",
@@ -514,7 +516,7 @@ async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
                 await conn.close()
 
         spy = None
-        if args.profile and Path(args.py_spy).exists():
+        if args.profile and args.have_py_spy:
             # Where worker 0's CPU goes (it starts half the runs and streams the other half).
             spy = subprocess.Popen(  # noqa: ASYNC220
                 [args.py_spy, "record", "-p", str(pids[0]), "-d", str(int(args.seconds)), "-r", "100",
@@ -582,7 +584,8 @@ async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.05)
         t_open = time.monotonic()
         # Every stream answered (headers in), bounded; then long enough for two pings each.
-        while sum(1 for s in streams if s.status) < len(streams) and time.monotonic() - t_open < 90:
+        # A bounded poll of many streams' state.
+        while sum(1 for s in streams if s.status) < len(streams) and time.monotonic() - t_open < 90:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         open_s = time.monotonic() - t_open
         for s in streams:
@@ -662,6 +665,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for p in (h, lat, t, i):
         p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     args = parser.parse_args(argv)
+    args.have_py_spy = os.path.exists(getattr(args, "py_spy", ""))
     scenario = {
         "http": scenario_http,
         "latency": scenario_latency,

@@ -85,7 +85,7 @@ def main() -> None:
         "LANGGRAPH_CLI_NO_ANALYTICS": "1",
     }
     langgraph = str(Path(sys.executable).parent / "langgraph")
-    log = open(Path(os.environ.get("BENCH_OUT", "/tmp")) / "langgraph-dev.log", "wb")  # noqa: SIM115
+    log = open(Path(os.environ.get("BENCH_OUT", "/tmp")) / "langgraph-dev.log", "wb")
     server = subprocess.Popen(
         [langgraph, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
         cwd=APP,
