@@ -36,8 +36,9 @@ SEAM_WAIT_S = 5.0
 DONE_PENDING_S = 10.0
 
 
-def _ping() -> ServerSentEvent:
-    return ServerSentEvent(comment="ping")
+def ping_event() -> ServerSentEvent:
+    """``: ping`` with the same LF line ends as the events (sse-starlette's default is CRLF)."""
+    return ServerSentEvent(comment="ping", sep="\n")
 
 
 # One event of the stream as OpenAPI 3.2's ``itemSchema`` describes it (API.md, "The event stream").
@@ -86,7 +87,7 @@ def sse_response(services: Services, conversation_id: str, after: str) -> EventS
         _encoded(services, conversation_id, after),
         headers=SSE_HEADERS,
         ping=services.settings.sse_ping_seconds,
-        ping_message_factory=_ping,
+        ping_message_factory=ping_event,
         sep="\n",
         send_timeout=SEND_TIMEOUT_S,
     )
