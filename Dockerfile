@@ -22,4 +22,4 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
   CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status == 200 else 1)"
 
 # `agentstream migrate` runs `alembic upgrade head`; then uvicorn serves the app factory.
-CMD ["sh", "-c", "agentstream migrate && exec agentstream serve --host 0.0.0.0 --port 8000"]
+CMD ["sh", "-c", "agentstream migrate && exec agentstream serve --host ${HOST:-0.0.0.0} --port ${PORT:-8000}"]

@@ -85,6 +85,10 @@ fi
 
 # --- Chromium for the browser tests (Debian's build; never a downloaded one) -------------------
 if [ ! -x /usr/bin/chromium ]; then apt_install chromium || echo "warning: chromium could not be installed" >&2; fi
+# docker-compose validates docker-compose.yml offline (no Docker engine is needed for `config`).
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  apt_install docker-compose || echo "warning: docker-compose could not be installed" >&2
+fi
 
 # --- checks and tests ------------------------------------------------------------------------
 echo "== ruff"
