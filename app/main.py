@@ -133,6 +133,7 @@ async def build_services(settings: Settings) -> Services:
         metrics=metrics,
         worker_id=_worker_id(),
         hooks=hooks,
+        leases=RunRepo(db.lease_sessionmaker),
     )
     return Services(
         settings=settings,

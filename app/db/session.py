@@ -109,6 +109,17 @@ class Database:
         self.engine: AsyncEngine = create_engine(url)
         factory = WriteSerializingSessionmaker if self.engine.dialect.name == "sqlite" else async_sessionmaker
         self.sessionmaker: async_sessionmaker[AsyncSession] = factory(self.engine, expire_on_commit=False)
+        # Lease renewal must not queue behind a busy pool: a worker whose requests exhaust the pool
+        # is alive, and if its heartbeat waited for a connection the other workers would reap its
+        # runs. A server database gets a small pool of its own for it; SQLite serializes writes in
+        # the process anyway, so it shares the one engine.
+        self._lease_engine: AsyncEngine | None = None
+        self.lease_sessionmaker = self.sessionmaker
+        if self.engine.dialect.name != "sqlite":
+            self._lease_engine = create_async_engine(
+                self.engine.url, pool_size=1, max_overflow=1, pool_pre_ping=True
+            )
+            self.lease_sessionmaker = async_sessionmaker(self._lease_engine, expire_on_commit=False)
 
     @property
     def dialect(self) -> str:
@@ -128,3 +139,5 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+        if self._lease_engine is not None:
+            await self._lease_engine.dispose()

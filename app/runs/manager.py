@@ -94,10 +94,13 @@ class RunManager:
         metrics: Metrics,
         worker_id: str,
         hooks: Callable[[], HookRegistry],
+        leases: RunRepo | None = None,
     ) -> None:
         self.settings = settings
         self.conversations = conversations
         self.runs = runs
+        # The heartbeat's own connections (see Database.lease_sessionmaker); the run repo otherwise.
+        self.leases = leases or runs
         self.events = events
         self.bus = bus
         self.llm = llm
@@ -429,8 +432,8 @@ class RunManager:
             if not self._active:
                 continue
             try:
-                await self.runs.renew_leases(list(self._active), self.worker_id, self.settings.run_lease_s)
-                still_ours = {run.id for run in await self.runs.running_of_worker(self.worker_id)}
+                await self.leases.renew_leases(list(self._active), self.worker_id, self.settings.run_lease_s)
+                still_ours = {run.id for run in await self.leases.running_of_worker(self.worker_id)}
             except Exception as exc:
                 # An outage is expected now and then: its error is enough, a traceback every pass is not.
                 log.warning(
