@@ -67,6 +67,10 @@ def create_engine(
         return engine
     if parsed.get_backend_name() == "postgresql":
         kwargs["pool_pre_ping"] = True
+        if poolclass is None:
+            # Every active run and open stream borrows connections briefly; SQLAlchemy's default
+            # 5 + 10 ran dry at 200 concurrent conversations a worker (docs/reliability.md).
+            kwargs.update(pool_size=10, max_overflow=20)
     return create_async_engine(parsed, **kwargs)
 
 
