@@ -33,7 +33,9 @@ DEMO_DELAY_S = "0.03"
 API_KEY = "browser-test-key"
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an event loop running in the main thread
+# while it is open, and the asyncio tests collected after this package need it closed again.
+@pytest.fixture(scope="package")
 def playwright_driver() -> Iterator[Playwright]:
     if not Path(CHROMIUM).exists():
         message = f"no Chromium at {CHROMIUM} (apt-get install chromium, or set CHROMIUM_PATH)"
@@ -44,14 +46,14 @@ def playwright_driver() -> Iterator[Playwright]:
         yield driver
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright_driver: Playwright) -> Iterator[Browser]:
     browser = playwright_driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     yield browser
     browser.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("browser-service")
     env = {
