@@ -67,6 +67,13 @@ async def _encoded(services: Services, conversation_id: str, after: str) -> Asyn
             services.bus, services.events, conversation_id, after, seam_wait_s=SEAM_WAIT_S
         ):
             yield encode_event(event)
+    except Exception as exc:
+        # The 200 is already sent: end the body cleanly rather than cut it, so the client sees a
+        # closed stream and reconnects with its cursor (a database or bus outage mid-stream).
+        log.warning(
+            "stream ended early; the client will resume",
+            extra={"conversation_id": conversation_id, "error": type(exc).__name__},
+        )
     finally:
         services.metrics.active_streams.dec()
 
