@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -68,6 +68,11 @@ class _ActiveRun:
     answer_parts: list[str] = field(default_factory=list)
     """The answer deltas sent so far: a run stopped mid-answer reports them as its answer, so the
     deltas a client saw still add up to ``done.answer``."""
+
+
+def follow_up_messages(contents: list[str]) -> list[ChatMessage]:
+    """Follow-ups no loop took in, kept as pinned user messages so the next run sees them."""
+    return [ChatMessage(role="user", content=c, pinned=True) for c in contents]
 
 
 def later_cursor(a: str | None, b: str | None) -> str:
@@ -220,11 +225,7 @@ class RunManager:
         if latest is None or latest.status != "running":
             leftovers = await queue.drain()
             if leftovers:
-                await self.conversations.add_messages(
-                    conversation.id,
-                    run.id,
-                    [ChatMessage(role="user", content=c, pinned=True) for c in leftovers],
-                )
+                await self.conversations.add_messages(conversation.id, run.id, follow_up_messages(leftovers))
         return queued
 
     # ---- cancel ----------------------------------------------------------------------------
@@ -375,21 +376,12 @@ class RunManager:
                     lambda: self.conversations.add_messages(conv_id, active.run_id, new_messages)
                 )
         if pending:
-            follow_ups = [ChatMessage(role="user", content=c, pinned=True) for c in pending]
+            follow_ups = follow_up_messages(pending)
             await _while_unreachable(
                 lambda: self.conversations.add_messages(conv_id, active.run_id, follow_ups)
             )
         if result is not None and engine_done:
-            done = engine_done[-1]
-            done = RunDone(
-                answer=done.answer,
-                iterations=done.iterations,
-                usage=done.usage,
-                elapsed=done.elapsed,
-                status=done.status,
-                error=done.error,
-                pending_injections=tuple(pending),
-            )
+            done = replace(engine_done[-1], pending_injections=tuple(pending))
         else:
             done = RunDone(
                 answer=result.answer if result is not None else "".join(active.answer_parts),
@@ -485,11 +477,7 @@ class RunManager:
             return False
         pending = await self.interrupt_queue(run.conversation_id).drain()
         if pending:
-            await self.conversations.add_messages(
-                run.conversation_id,
-                run.id,
-                [ChatMessage(role="user", content=c, pinned=True) for c in pending],
-            )
+            await self.conversations.add_messages(run.conversation_id, run.id, follow_up_messages(pending))
         publisher = RunPublisher(
             self.bus,
             self.events,
