@@ -9,7 +9,7 @@ even if Redis restarts empty.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 ZERO_CURSOR = "0-0"
@@ -58,12 +58,17 @@ class StoredEvent:
     """One event as every reader sees it: live, replayed or from the database.
 
     ``data`` is the JSON text of the payload (it carries ``run_id``), encoded once by the publisher.
+    ``prev`` is the id of the conversation's event right before this one, as its publisher knew it:
+    the bus carries it so that a reader can tell from the bus alone that nothing lies between its
+    cursor and an entry (``app.streaming.resume``). The database does not store it (it holds every
+    event anyway), so it takes no part in equality; None where unknown.
     """
 
     id: str
     event: str
     data: str
     run_id: str
+    prev: str | None = field(default=None, compare=False)
 
     @property
     def is_done(self) -> bool:

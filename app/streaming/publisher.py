@@ -50,10 +50,11 @@ class _PendingDelta:
     ``eager``: the tokens come slowly, so waiting for more would only add latency.
     """
 
-    __slots__ = ("eager", "id", "parts")
+    __slots__ = ("eager", "id", "parts", "prev")
 
-    def __init__(self, event_id: str, content: str, eager: bool) -> None:
+    def __init__(self, event_id: str, prev: str | None, content: str, eager: bool) -> None:
         self.id = event_id
+        self.prev = prev
         self.parts = [content]
         self.eager = eager
 
@@ -156,9 +157,10 @@ class RunPublisher:
             if pending and type(pending[-1]) is _PendingDelta:
                 pending[-1].parts.append(event.content)
                 return None
-            self._queue(_PendingDelta(self._next_id(), event.content, eager))
+            self._queue(_PendingDelta(*self._next_id(), event.content, eager))
             return None
-        stored = StoredEvent(self._next_id(), event.channel, self._encode(event), self.run_id)
+        event_id, prev = self._next_id()
+        stored = StoredEvent(event_id, event.channel, self._encode(event), self.run_id, prev)
         if isinstance(event, RunDone):
             self._done_published = True
             self._urgent = True
@@ -219,9 +221,11 @@ class RunPublisher:
         self._bus_task = asyncio.create_task(self._send_loop(), name=f"publish-bus-{self.run_id}")
         self._store_task = asyncio.create_task(self._store_loop(), name=f"publish-store-{self.run_id}")
 
-    def _next_id(self) -> str:
-        self._last_id = next_cursor(self._last_id, self._clock_ms())
-        return self._last_id
+    def _next_id(self) -> tuple[str, str | None]:
+        """A new event's id, and the id before it (``StoredEvent.prev``)."""
+        prev = self._last_id
+        self._last_id = next_cursor(prev, self._clock_ms())
+        return self._last_id, prev
 
     def _encode(self, event: EngineEvent) -> str:
         data = event.data()
@@ -246,7 +250,8 @@ class RunPublisher:
         for item in items:
             if type(item) is _PendingDelta:
                 content = item.parts[0] if len(item.parts) == 1 else "".join(item.parts)
-                item = StoredEvent(item.id, "answer", self._encode(AnswerDelta(content)), self.run_id)
+                data = self._encode(AnswerDelta(content))
+                item = StoredEvent(item.id, "answer", data, self.run_id, item.prev)
             out.append(item)  # type: ignore[arg-type]
         return out
 

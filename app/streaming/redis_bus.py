@@ -49,19 +49,26 @@ clients that stopped reading an 8 MiB answer cost the worker about 200 MB of RSS
 
 
 def _events(entries: Sequence[tuple[str, dict[str, str]]]) -> list[StoredEvent]:
-    return [StoredEvent(entry_id, f["event"], f["data"], f["run_id"]) for entry_id, f in entries]
+    return [StoredEvent(i, f["event"], f["data"], f["run_id"], f.get("prev")) for i, f in entries]
 
 
 def _raw_events(entries: Sequence[list[Any]]) -> list[StoredEvent]:
     """Entries of a raw ``XREAD`` reply: ``[id, [field, value, ...]]``."""
     out = []
     for entry_id, fields in entries:
-        if len(fields) == 6 and fields[0] == "event" and fields[2] == "data" and fields[4] == "run_id":
-            out.append(StoredEvent(entry_id, fields[1], fields[3], fields[5]))  # as the writer wrote it
-        else:
+        if len(fields) == 8 and fields[0] == "event" and fields[2] == "data" and fields[6] == "prev":
+            # As the writer writes it.
+            out.append(StoredEvent(entry_id, fields[1], fields[3], fields[5], fields[7]))
+        else:  # an entry of an earlier version (no prev), or fields in another order
             f = dict(zip(fields[::2], fields[1::2], strict=True))
-            out.append(StoredEvent(entry_id, f["event"], f["data"], f["run_id"]))
+            out.append(StoredEvent(entry_id, f["event"], f["data"], f["run_id"], f.get("prev")))
     return out
+
+
+def _xadd(key: str, maxlen: tuple[str | int, ...], e: StoredEvent) -> Command:
+    if e.prev is None:
+        return ("XADD", key, *maxlen, e.id, "event", e.event, "data", e.data, "run_id", e.run_id)
+    return ("XADD", key, *maxlen, e.id, "event", e.event, "data", e.data, "run_id", e.run_id, "prev", e.prev)
 
 
 class _StreamLostError(Exception):
@@ -250,10 +257,7 @@ class _Writer:
             batch, self._queue = self._queue, []
             commands: list[Command] = []
             for key, events, _ in batch:
-                for e in events:
-                    commands.append(
-                        ("XADD", key, *maxlen, e.id, "event", e.event, "data", e.data, "run_id", e.run_id)
-                    )
+                commands.extend(_xadd(key, maxlen, e) for e in events)
                 # A new run must not inherit the expiry the previous run's done set on the stream.
                 commands.append(("PERSIST", key))
             try:

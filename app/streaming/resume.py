@@ -2,9 +2,9 @@
 
 ``stream_events`` yields every event after the cursor exactly once, in order, and stops after the
 first ``done``. The bus holds a conversation's recent events only (they expire after a run, Redis
-may restart empty, a stream may be trimmed), so before following the bus it checks that the bus
-still holds the events right after the cursor; when it does not, it serves them from the database
-until caught up, and only then goes back to the bus. Never a silent gap.
+may restart empty, a stream may be trimmed or deleted), so every entry it yields is checked to
+come right after the last one yielded (its ``prev``); where it does not, the database serves what
+lies between until caught up, and only then the bus is followed again. Never a silent gap.
 """
 
 from __future__ import annotations
@@ -40,42 +40,40 @@ async def stream_events(
 ) -> AsyncIterator[StoredEvent]:
     """Every event of the conversation with id > ``after``, in order, once; ends after ``done``.
 
-    While the bus is unreachable, events are served from the database, polled every
+    Each bus entry names the event before it (``StoredEvent.prev``), so an entry whose ``prev`` is
+    at or before the cursor proves that nothing lies in between, from the bus alone; an entry whose
+    ``prev`` is later shows a hole (Redis restarted empty, a trimmed or deleted stream), which the
+    database fills. While the bus is unreachable, events are served from the database, polled every
     ``outage_poll_s``. Ends quietly when the bus is closed (the worker is shutting down): the
     client reconnects with its cursor.
 
-    ``seam_wait_s``: when the bus starts later than the cursor, how long to wait for the database
-    to catch up with the bus's first event before trusting that nothing lies in between. The
-    database lags the bus by a batch interval, so without a wait a reconnect right after Redis
-    lost events could skip those the database has not written yet.
+    ``seam_wait_s``: at a hole, or at an entry that does not name its predecessor (written by an
+    earlier version) and starts later than the cursor, how long to wait for the database to store
+    the events before it. The database lags the bus by a batch interval, so without a wait a
+    reconnect right after Redis lost events could skip those the database has not written yet.
     """
     last = after
     attempt = 0
     while True:
         from_store = False
         try:
-            continuous = await _bus_continues(bus, store, conversation_id, parse_cursor(last))
-            if continuous is None:
-                # The database holds events the bus lost: serve a page of them, then look again.
+            if await _store_is_ahead(bus, store, conversation_id, last):
                 from_store = True
             else:
                 follow = bus.follow(conversation_id, last)
                 try:
-                    if not continuous:
-                        # The bus starts later than `last`: check the seam against the database once.
-                        first = await anext(follow)
-                        first_key = parse_cursor(first.id)
-                        if await _store_has_between(store, conversation_id, last, first_key, seam_wait_s):
-                            continue  # the bus skipped events the database has: look again
-                        yield first
-                        last = first.id
-                        if first.is_done:
-                            return
-                    attempt = 0
+                    vouched = False  # for entries without `prev`: continuity checked once per follow
                     # follow() yields ids > `last`, increasing, each once: no need to compare here.
                     async for event in follow:
+                        if not vouched and not await _continues(
+                            bus, store, conversation_id, last, event, seam_wait_s
+                        ):
+                            from_store = True  # the database holds events the bus skipped
+                            break
+                        vouched = event.prev is None
                         yield event
                         last = event.id
+                        attempt = 0
                         if event.is_done:
                             return
                 finally:
@@ -104,6 +102,51 @@ async def stream_events(
             await asyncio.sleep(_backoff(attempt, outage_poll_s))
 
 
+async def _store_is_ahead(bus: EventBus, store: EventStoreReader, conversation_id: str, last: str) -> bool:
+    """Whether the database holds events after ``last`` while the bus holds none.
+
+    Then nothing on the bus would ever show the hole (a finished run whose stream expired, or
+    Redis restarted empty): the database serves them. The database is asked only when the bus
+    holds nothing after ``last``: a new stream waiting for its run's first event, mostly.
+    """
+    newest = await bus.last_id(conversation_id)
+    if newest is not None and parse_cursor(newest) > parse_cursor(last):
+        return False
+    return bool(await store.read_after(conversation_id, last, 1))
+
+
+async def _continues(
+    bus: EventBus,
+    store: EventStoreReader,
+    conversation_id: str,
+    last: str,
+    event: StoredEvent,
+    seam_wait_s: float,
+) -> bool:
+    """Whether ``event``, the bus's next entry after ``last``, comes right after it.
+
+    False when the database holds an event in between: the caller serves those first.
+    """
+    last_key = parse_cursor(last)
+    if event.prev is not None:
+        if parse_cursor(event.prev) <= last_key:
+            return True
+    else:
+        # No `prev` (an entry of an earlier version): the bus vouches only if it still holds an
+        # entry at or before `last` (streams are only ever cut from the front).
+        oldest = await bus.oldest_id(conversation_id)
+        if oldest is not None and parse_cursor(oldest) <= last_key:
+            return True
+    if await _store_has_between(store, conversation_id, last, parse_cursor(event.id), seam_wait_s):
+        return False
+    if event.prev is not None:
+        log.warning(
+            "events lost: neither the bus nor the database holds them",
+            extra={"conversation_id": conversation_id, "after": last, "before": event.id},
+        )
+    return True
+
+
 async def _store_page(store: EventStoreReader, conversation_id: str, last: str) -> list[StoredEvent]:
     """The database's next events after ``last``, strictly increasing."""
     last_key = parse_cursor(last)
@@ -118,30 +161,6 @@ async def _store_page(store: EventStoreReader, conversation_id: str, last: str) 
 
 def _backoff(attempt: int, cap: float) -> float:
     return min(cap, 0.05 * 2.0**attempt) * (0.5 + random.random() / 2)
-
-
-async def _bus_continues(
-    bus: EventBus, store: EventStoreReader, conversation_id: str, last_key: tuple[int, int]
-) -> bool | None:
-    """Whether the bus holds what comes right after ``last_key``.
-
-    True: it holds an event at or before ``last_key``, so nothing after it is missing (streams are
-    only ever cut from the front), or the database's next event is the bus's oldest. False: the bus
-    starts later but the database has nothing after ``last_key`` yet (the caller re-checks the
-    seam on the first live event). None: the database holds events after ``last_key`` that the
-    bus does not.
-    """
-    oldest = await bus.oldest_id(conversation_id)
-    if oldest is not None and parse_cursor(oldest) <= last_key:
-        return True
-    last = f"{last_key[0]}-{last_key[1]}"
-    stored = await store.read_after(conversation_id, last, 1)
-    if not stored:
-        return False
-    if oldest is None or parse_cursor(stored[0].id) < parse_cursor(oldest):
-        return None
-    # The database's next event is the bus's oldest: the bus continues right after `last`.
-    return stored[0].id == oldest
 
 
 async def _store_has_between(

@@ -10,6 +10,7 @@ import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -99,6 +100,15 @@ async def collect(bus: EventBus, after: str, count: int, conv: str = CONV) -> li
     return out
 
 
+def _following(bus: EventBus, conv: str) -> bool:
+    """Whether a follower of ``conv`` is waiting for live events (not replaying)."""
+    if isinstance(bus, RedisEventBus):
+        sub = bus.subscriptions.get(conv)
+        return sub is not None and bool(sub.followers)
+    log = bus._logs.get(conv)  # type: ignore[attr-defined]
+    return log is not None and log.followers > 0
+
+
 # ---- the contract ----------------------------------------------------------------------------
 
 
@@ -139,6 +149,19 @@ async def test_follow_replays_then_goes_live_without_gap_or_duplicate(bus: Event
         await bus.append(CONV, events[start : start + 5])
         await asyncio.sleep(0)
     assert await asyncio.wait_for(reader, 10) == events
+
+
+async def test_every_reader_gets_the_id_before_each_event(bus: EventBus) -> None:
+    chain = [replace(stored(n), prev=stored(n - 1).id) for n in (1, 2, 3)]
+    await bus.append(CONV, chain[:2])
+    task = asyncio.create_task(collect(bus, chain[1].id, 1))
+    await wait_until(lambda: _following(bus, CONV))
+    await bus.append(CONV, chain[2:])  # live, through the shared reader on Redis
+    followed = chain[:2] + await asyncio.wait_for(task, 5)
+    task = asyncio.create_task(collect(bus, "0-0", 3))
+    followed = await asyncio.wait_for(task, 5)
+    for got in (await bus.read_after(CONV, "0-0"), followed):
+        assert [(e.id, e.prev) for e in got] == [(e.id, e.prev) for e in chain]
 
 
 async def test_follow_from_a_cursor_starts_right_after_it(bus: EventBus) -> None:
@@ -262,6 +285,27 @@ async def test_redis_stream_entries_carry_event_data_and_run_id(
     finally:
         await raw.aclose()
     assert entries == [(event.id, {"event": "answer", "data": event.data, "run_id": "r"})]
+
+
+@pytest.mark.redis
+async def test_redis_entries_name_the_event_before_them_and_older_entries_still_read(
+    redis_bus: RedisEventBus, redis_prefix: str
+) -> None:
+    key = f"{redis_prefix}:events:{CONV}"
+    live = asyncio.create_task(collect(redis_bus, "0-0", 2))
+    await wait_until(lambda: _following(redis_bus, CONV))
+    raw = Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        # An entry as an earlier version wrote it (no prev), then one as this version writes it.
+        await raw.xadd(key, {"event": "step", "data": "{}", "run_id": "r"}, id="5-0")
+        await redis_bus.append(CONV, [StoredEvent("6-0", "step", "{}", "r", prev="5-0")])
+        entries = await raw.xrange(key)
+    finally:
+        await raw.aclose()
+    assert entries[1] == ("6-0", {"event": "step", "data": "{}", "run_id": "r", "prev": "5-0"})
+    expected = [("5-0", None), ("6-0", "5-0")]
+    assert [(e.id, e.prev) for e in await asyncio.wait_for(live, 5)] == expected
+    assert [(e.id, e.prev) for e in await redis_bus.read_after(CONV, "0-0")] == expected
 
 
 @pytest.mark.redis

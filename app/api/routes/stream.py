@@ -29,8 +29,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # A client that stops reading for this long is dropped, so its buffers cannot grow without bound;
 # it reconnects with its cursor and loses nothing.
 SEND_TIMEOUT_S = 60.0
-# Where the bus starts after a client's cursor (Redis lost events, or a new stream), how long to
-# wait for the database to catch up before trusting that nothing lies in between.
+# Where the bus shows a hole after a client's cursor (Redis lost events), how long to wait for the
+# database to store what lies in between (app.streaming.resume).
 SEAM_WAIT_S = 5.0
 # How long after a run's close a reconnect right before its done still waits for that done.
 DONE_PENDING_S = 10.0

@@ -262,3 +262,17 @@ async def test_on_published_sees_every_event_once() -> None:
     await pub.publish(run_done())
     await pub.close()
     assert seen == await bus.read_after(CONV, "0-0")
+
+
+async def test_each_event_names_the_one_before_it_starting_from_the_run_start_cursor() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, last_id="1700000000000-4", coalesce_ms=50)
+    await pub.publish(AnswerStarted())
+    for token in ("a", "b", "c"):  # merge into one delta: its prev is the event before the first
+        await pub.publish(AnswerDelta(token))
+    await pub.publish(run_done("abc"))
+    await pub.close()
+    on_bus = await bus.read_after(CONV, "0-0")
+    deltas = [orjson.loads(e.data) for e in on_bus[1:-1]]
+    assert "".join(d["content"] for d in deltas) == "abc" and len(deltas) < 3
+    assert [e.prev for e in on_bus] == ["1700000000000-4", *[e.id for e in on_bus[:-1]]]
