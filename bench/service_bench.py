@@ -63,6 +63,14 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _only_child(pid: int) -> int:
+    """The one child process of ``pid`` (the worker py-spy started)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        raise RuntimeError(f"expected one child of {pid}, found {children}")
+    return int(children[0])
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -77,8 +85,12 @@ class Stack:
         workers: int = 1,
         env: dict[str, str] | None = None,
         db: str = "sqlite",
+        profile: tuple[str, str] | None = None,
     ) -> None:
         self.db = db
+        # (py-spy, output): worker 0 runs under `py-spy record` for its whole life (attaching to a
+        # running process is refused on some machines), stopped with SIGINT at the end.
+        self.profile = profile
         self.pg_database = ""
         self.fake_args = list(fake_args)
         self.n_workers = workers
@@ -87,6 +99,8 @@ class Stack:
         self.tmp = tempfile.TemporaryDirectory(prefix="agentstream-bench-")
         self.fake: subprocess.Popen[str] | None = None
         self.workers: list[tuple[subprocess.Popen[bytes], int]] = []
+        self.pids: list[int] = []
+        """The workers' own process ids (for CPU and RSS): under py-spy, its child's."""
         self.llm_url = ""
 
     async def __aenter__(self) -> Stack:
@@ -130,8 +144,13 @@ class Stack:
         for i in range(self.n_workers):
             port = free_port()
             log = open(Path(self.tmp.name) / f"worker{i}.log", "wb")  # noqa: ASYNC230
+            spy: list[str] = []
+            if self.profile and i == 0:
+                py_spy, out = self.profile
+                spy = [py_spy, "record", "-r", "100", "-f", "raw", "-o", out, "--gil", "--"]
             proc = subprocess.Popen(  # noqa: ASYNC220
                 [
+                    *spy,
                     PY,
                     "-m",
                     "uvicorn",
@@ -157,6 +176,7 @@ class Stack:
             self.workers.append((proc, port))
             # One at a time: each worker migrates the shared database as it starts.
             await self._wait_healthy(port, proc)
+            self.pids.append(_only_child(proc.pid) if spy else proc.pid)
 
     async def _wait_healthy(self, port: int, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + 60
@@ -182,9 +202,17 @@ class Stack:
         if exc and exc[0] is not None:
             for i in range(len(self.workers)):
                 print(f"--- worker {i} log (tail) ---\n{self.worker_log(i)[-3000:]}", file=sys.stderr)
-        for proc, _ in self.workers:
+        if self.profile and self.workers and self.workers[0][0].poll() is None:
+            # py-spy writes its samples on SIGINT (and takes the worker down with it).
+            self.workers[0][0].send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self.workers[0][0].wait, 30)
+        for (proc, _), pid in zip(self.workers, self.pids, strict=False):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+            if pid != proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         for proc, _ in self.workers:
             try:
                 await asyncio.to_thread(proc.wait, 20)
@@ -438,30 +466,20 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
         str(args.delay_s),
     ]
     levels = []
-    async with Stack(fake, db=args.db) as stack:
+    profile = (args.py_spy, args.profile) if args.profile and args.have_py_spy else None
+    async with Stack(fake, db=args.db, profile=profile) as stack:
         database = stack.database
-        proc, port = stack.workers[0]
-        for n, concurrency in enumerate(args.concurrency):
-            spy = None
-            if args.profile and n == len(args.concurrency) - 1 and args.have_py_spy:
-                # Where the worker's time goes at the highest concurrency (collapsed stacks).
-                spy = subprocess.Popen(  # noqa: ASYNC220
-                    [args.py_spy, "record", "-p", str(proc.pid), "-d", "20", "-r", "100", "-f", "raw",
-                     "-o", args.profile, "--nonblocking", "--gil"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
-            cpu0, t0, client0 = cpu_seconds(proc.pid), time.perf_counter(), time.process_time()
+        pid, port = stack.pids[0], stack.workers[0][1]
+        for concurrency in args.concurrency:
+            cpu0, t0, client0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
             deadline = time.monotonic() + args.max_seconds
             level = await _latency_level(
                 port, concurrency, args.runs_each, args.tokens, deadline, args.follow_ups
             )
-            level["worker_cpu_pct"] = 100 * (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - t0)
+            level["worker_cpu_pct"] = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
             level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
-            level["worker_rss_mb"] = rss_mb(proc.pid)
+            level["worker_rss_mb"] = rss_mb(pid)
             levels.append(level)
-            if spy is not None:
-                spy.terminate()
-                await asyncio.to_thread(spy.wait)
             print(
                 f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms; "
                 f"LLM->publish p50 {level['llm_to_publish_p50_ms']:.1f} "
@@ -491,10 +509,11 @@ async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
     delivered = 0
     runs = 0
     bad: list[str] = []
-    async with Stack(fake, workers=2, db=args.db) as stack:
+    profile = (args.py_spy, args.profile) if args.profile and args.have_py_spy else None
+    async with Stack(fake, workers=2, db=args.db, profile=profile) as stack:
         database = stack.database
         ports = [port for _, port in stack.workers]
-        pids = [proc.pid for proc, _ in stack.workers]
+        pids = stack.pids
         deadline = time.monotonic() + args.seconds
 
         async def user(n: int) -> None:
@@ -515,21 +534,10 @@ async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 await conn.close()
 
-        spy = None
-        if args.profile and args.have_py_spy:
-            # Where worker 0's CPU goes (it starts half the runs and streams the other half).
-            spy = subprocess.Popen(  # noqa: ASYNC220
-                [args.py_spy, "record", "-p", str(pids[0]), "-d", str(int(args.seconds)), "-r", "100",
-                 "-f", "raw", "-o", args.profile, "--nonblocking", "--gil"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
         cpu0 = [cpu_seconds(p) for p in pids]
         t0 = time.perf_counter()
         await asyncio.gather(*(user(n) for n in range(args.concurrency)))
         elapsed = time.perf_counter() - t0
-        if spy is not None:
-            spy.terminate()
-            await asyncio.to_thread(spy.wait)
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
     return {
         "scenario": "throughput",
@@ -553,16 +561,16 @@ async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
     env = {"SSE_PING_SECONDS": str(args.ping_s)}
     async with Stack(fake, env=env, db=args.db) as stack:
         database = stack.database
-        proc, port = stack.workers[0]
+        pid, port = stack.pids[0], stack.workers[0][1]
         conn = Connection(HOST, port)
         # Warm the worker (imports, pools) with conversations, so the baseline is a working worker.
         warm = [await new_conversation(conn) for _ in range(5)]
-        rss_idle = rss_mb(proc.pid)
+        rss_idle = rss_mb(pid)
         convs = [await new_conversation(conn) for _ in range(args.runs)]
         for conv_id in convs:
             await start_run(conn, conv_id)
         await asyncio.sleep(1.0)
-        rss_runs = rss_mb(proc.pid)
+        rss_runs = rss_mb(pid)
 
         streams = [
             SseStream(HOST, port, f"/api/conversations/{convs[i % len(convs)]}/stream")
@@ -593,10 +601,10 @@ async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(max(args.seconds, 2 * args.ping_s + 0.5))
         open_now = sum(1 for s in streams if s.status == 200) - finished
         pinged = sum(1 for s in streams if s.pings > 0)
-        rss_conns = rss_mb(proc.pid)
-        cpu0 = cpu_seconds(proc.pid)
+        rss_conns = rss_mb(pid)
+        cpu0 = cpu_seconds(pid)
         await asyncio.sleep(2.0)
-        idle_cpu_pct = 100 * (cpu_seconds(proc.pid) - cpu0) / 2.0
+        idle_cpu_pct = 100 * (cpu_seconds(pid) - cpu0) / 2.0
         held_s = time.monotonic() - t_open
         assert stack.fake is not None
         stack.fake.send_signal(signal.SIGUSR1)  # release the held LLM calls: every run finishes
@@ -645,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     lat.add_argument("--tokens", type=int, default=100)
     lat.add_argument("--delay-s", type=float, default=0.05)
     lat.add_argument("--max-seconds", type=float, default=60, help="per concurrency level")
-    lat.add_argument("--profile", default="", help="write a py-spy profile of the last level here")
+    lat.add_argument("--profile", default="", help="write a py-spy profile of the worker here")
     lat.add_argument(
         "--follow-ups", action="store_true", help="time follow-up runs in conversations that had one run"
     )

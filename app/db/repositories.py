@@ -7,6 +7,7 @@ another worker wrote in between, and on PostgreSQL the UPDATE serialises concurr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import builtins
@@ -15,7 +16,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -144,6 +145,59 @@ def _run_record(row: Run) -> RunRecord:
     )
 
 
+async def _append_messages(
+    session: AsyncSession, conversation_id: str, run_id: str | None, messages: Sequence[ChatMessage]
+) -> None:
+    """Append ``messages`` after the conversation's last one and mark the conversation updated,
+    inside the caller's transaction. Raises ``ConversationNotFoundError`` if the conversation is gone.
+    """
+    now = utcnow()
+    # Lock the conversation row first, so that concurrent appends cannot take the same seq.
+    touched = await session.execute(
+        update(Conversation).where(Conversation.id == conversation_id).values(updated_at=now)
+    )
+    if not touched.rowcount:  # type: ignore[attr-defined]
+        raise ConversationNotFoundError(conversation_id)
+    last = await session.scalar(
+        select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
+    )
+    first_seq = 0 if last is None else last + 1
+    session.add_all(
+        Message(
+            conversation_id=conversation_id,
+            run_id=run_id,
+            seq=first_seq + offset,
+            role=message.role,
+            content=message.content,
+            tool_calls=[
+                {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
+            ]
+            or None,
+            tool_call_id=message.tool_call_id,
+            name=message.name,
+            pinned=message.pinned,
+            created_at=now,
+        )
+        for offset, message in enumerate(messages)
+    )
+
+
+async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMessage]:
+    rows = await session.scalars(
+        select(Message).where(Message.conversation_id == conversation_id).order_by(Message.seq)
+    )
+    return [_message_record(row).to_chat_message() for row in rows]
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
 def _event_record(row: RunEvent) -> StoredEvent:
     return StoredEvent(id=row.id, event=row.event, data=row.data, run_id=row.run_id)
 
@@ -238,36 +292,8 @@ class ConversationRepo:
         """
         if not messages:
             return
-        now = utcnow()
         async with self._sessionmaker.begin() as session:
-            # Lock the conversation row first, so that concurrent appends cannot take the same seq.
-            touched = await session.execute(
-                update(Conversation).where(Conversation.id == conversation_id).values(updated_at=now)
-            )
-            if not touched.rowcount:  # type: ignore[attr-defined]
-                raise ConversationNotFoundError(conversation_id)
-            last = await session.scalar(
-                select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
-            )
-            first_seq = 0 if last is None else last + 1
-            session.add_all(
-                Message(
-                    conversation_id=conversation_id,
-                    run_id=run_id,
-                    seq=first_seq + offset,
-                    role=message.role,
-                    content=message.content,
-                    tool_calls=[
-                        {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
-                    ]
-                    or None,
-                    tool_call_id=message.tool_call_id,
-                    name=message.name,
-                    pinned=message.pinned,
-                    created_at=now,
-                )
-                for offset, message in enumerate(messages)
-            )
+            await _append_messages(session, conversation_id, run_id, messages)
 
     # builtins.list: inside this class, ``list`` names the method above.
     async def messages(self, conversation_id: str) -> builtins.list[MessageRecord]:
@@ -278,7 +304,8 @@ class ConversationRepo:
             return [_message_record(row) for row in rows]
 
     async def history(self, conversation_id: str) -> builtins.list[ChatMessage]:
-        return [record.to_chat_message() for record in await self.messages(conversation_id)]
+        async with self._sessionmaker() as session:
+            return await _history(session, conversation_id)
 
     async def touch(self, conversation_id: str) -> None:
         async with self._sessionmaker.begin() as session:
@@ -307,8 +334,20 @@ class RunRepo:
         decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
         the conversation does not exist.
         """
+        row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
+        try:
+            async with self._sessionmaker.begin() as session:
+                session.add(row)
+        except IntegrityError:
+            await self._explain_conflict(conversation_id)
+        return _run_record(row)
+
+    @staticmethod
+    def _new_row(
+        conversation_id: str, owner: str, message: str, worker_id: str, lease_s: float, start_cursor: str
+    ) -> Run:
         now = utcnow()
-        row = Run(
+        return Run(
             id=new_run_id(),
             conversation_id=conversation_id,
             owner=owner,
@@ -326,20 +365,48 @@ class RunRepo:
             created_at=now,
             finished_at=None,
         )
+
+    async def _explain_conflict(self, conversation_id: str) -> NoReturn:
+        """After an IntegrityError inserting a run: run ids are random, so the insert can only
+        break the foreign key or the one-running-run index; which one is told apart without
+        parsing driver messages."""
+        async with self._sessionmaker() as session:
+            exists = await session.scalar(select(Conversation.id).where(Conversation.id == conversation_id))
+        if exists is None:
+            raise ConversationNotFoundError(conversation_id) from None
+        raise RunActiveError(conversation_id) from None
+
+    async def start(
+        self,
+        conversation_id: str,
+        owner: str,
+        message: str,
+        *,
+        worker_id: str,
+        lease_s: float,
+        start_cursor: str,
+        prior: Sequence[ChatMessage] = (),
+    ) -> tuple[RunRecord, list[ChatMessage]]:
+        """``create()``, and in the same transaction store ``prior`` turns (a whole chat sent at
+        once), read the conversation's history, then store the question: one write, and a history
+        that is exactly what came before this run. Returns the run and that history.
+
+        Raises as ``create()`` does.
+        """
+        row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
         try:
             async with self._sessionmaker.begin() as session:
                 session.add(row)
-        except IntegrityError:
-            # Run ids are random, so the insert can only break the foreign key or the
-            # one-running-run index; which one is told apart without parsing driver messages.
-            async with self._sessionmaker() as session:
-                exists = await session.scalar(
-                    select(Conversation.id).where(Conversation.id == conversation_id)
+                await session.flush()  # the one-running-run index decides here
+                if prior:
+                    await _append_messages(session, conversation_id, None, prior)
+                history = await _history(session, conversation_id)
+                await _append_messages(
+                    session, conversation_id, row.id, [ChatMessage(role="user", content=message)]
                 )
-            if exists is None:
-                raise ConversationNotFoundError(conversation_id) from None
-            raise RunActiveError(conversation_id) from None
-        return _run_record(row)
+        except IntegrityError:
+            await self._explain_conflict(conversation_id)
+        return _run_record(row), history
 
     async def get(self, owner: str, run_id: str) -> RunRecord | None:
         """The run if ``owner`` owns it; None otherwise."""
@@ -372,11 +439,21 @@ class RunRepo:
         elapsed: float,
         error: str | None,
         pending_injections: list[str],
+        messages: Sequence[ChatMessage] = (),
+        conversation_id: str | None = None,
     ) -> bool:
-        """Close the run if it is still running; False if someone else closed it first."""
+        """Close the run if it is still running; False if someone else closed it first.
+
+        ``messages`` (what the run added to conversation ``conversation_id``) are stored in the
+        same transaction, whether or not the run was still running.
+        """
         if status not in FINAL_STATUSES:
             raise ValueError(f"a run cannot finish as {status!r}")
+        if messages and conversation_id is None:
+            raise ValueError("messages need their conversation_id")
         async with self._sessionmaker.begin() as session:
+            if messages and conversation_id is not None:
+                await _append_messages(session, conversation_id, run_id, messages)
             result = await session.execute(
                 update(Run)
                 .where(Run.id == run_id, Run.status == "running")
@@ -437,14 +514,37 @@ class RunRepo:
             return [_run_record(row) for row in await session.scalars(query)]
 
 
+GROUP_ROWS = 5000
+"""Most event rows one group commit writes (one transaction stays short)."""
+
+
+@dataclass(slots=True)
+class _PendingSave:
+    conversation_id: str
+    rows: list[dict[str, Any]]
+    future: asyncio.Future[None]
+
+
 class EventRepo:
+    """The durable event log.
+
+    ``save()`` commits as a group: the saves of every run of the process that come in while a
+    write is in flight go out together in the next transaction, one INSERT for all their rows. At
+    200 concurrent runs that is a few transactions a second instead of hundreds, each of which
+    would hold SQLite's one writer (and its turn in the process's write queue, which the requests
+    share) or a PostgreSQL connection.
+    """
+
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
+        self._queue: list[_PendingSave] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        """Store ``events`` in one transaction; ids already stored are skipped, so a retry is harmless.
+        """Store ``events``; ids already stored are skipped, so a retry is harmless.
 
-        Raises ``ConversationNotFoundError`` if the conversation is gone (deleted mid-run).
+        Returns once they are committed. Raises ``ConversationNotFoundError`` if the conversation
+        is gone (deleted mid-run), or what the database raised for the transaction they were in.
         """
         if not events:
             return
@@ -462,13 +562,60 @@ class EventRepo:
                     "data": stored.data,
                 }
             )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A caller cancelled meanwhile leaves its outcome unread: read it here, quietly.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._queue.append(_PendingSave(conversation_id, rows, future))
+        if self._writer is None:
+            # A task of its own, so that a caller that stops waiting does not stop the others' write.
+            self._writer = asyncio.create_task(self._write_queued(), name="event-store-writer")
+        await asyncio.shield(future)
+
+    async def _write_queued(self) -> None:
+        batch: list[_PendingSave] = []
         try:
-            async with self._sessionmaker.begin() as session:
-                insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-                await session.execute(insert(RunEvent).on_conflict_do_nothing(), rows)
+            while self._queue:
+                # Whole saves, up to GROUP_ROWS rows a transaction (a save bigger than that alone).
+                size = 0
+                for taken, pending in enumerate(self._queue):
+                    size += len(pending.rows)
+                    if size > GROUP_ROWS and taken:
+                        break
+                else:
+                    taken = len(self._queue)
+                batch, self._queue = self._queue[:taken], self._queue[taken:]
+                await self._write(batch)
+        finally:
+            self._writer = None
+            # Cancelled mid-write (the loop is closing): whoever waits retries or gives up.
+            for pending in (*batch, *self._queue):
+                if not pending.future.done():
+                    pending.future.set_exception(ConnectionError("the event writer was stopped"))
+            self._queue = []
+
+    async def _write(self, batch: list[_PendingSave]) -> None:
+        try:
+            await self._insert([row for pending in batch for row in pending.rows])
         except IntegrityError:
-            # Conflicts are skipped, so only the foreign key can fail: the conversation is gone.
-            raise ConversationNotFoundError(conversation_id) from None
+            # Conflicts are skipped, so only the foreign key can fail: a conversation is gone.
+            # Each on its own, to tell whose.
+            if len(batch) == 1:
+                _settle(batch[0].future, ConversationNotFoundError(batch[0].conversation_id))
+                return
+            for pending in batch:
+                await self._write([pending])
+            return
+        except Exception as exc:
+            for pending in batch:
+                _settle(pending.future, exc)
+            return
+        for pending in batch:
+            _settle(pending.future, None)
+
+    async def _insert(self, rows: list[dict[str, Any]]) -> None:
+        async with self._sessionmaker.begin() as session:
+            insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+            await session.execute(insert(RunEvent).on_conflict_do_nothing(), rows)
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""

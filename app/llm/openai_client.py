@@ -21,9 +21,11 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
+import aiohttp
 import httpx
 import openai
 import orjson
+from httpx_aiohttp import AiohttpTransport
 
 from app.llm.base import (
     ChatMessage,
@@ -87,6 +89,28 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+def default_http_client(timeout_s: float) -> httpx.AsyncClient:
+    """The HTTP client under the SDK: httpx's interface on aiohttp's transport.
+
+    A streamed answer arrives one small chunk per token. httpx's own transport (httpcore and h11,
+    pure Python, with an anyio timeout scope around every read) spends about 100 µs of CPU on each,
+    aiohttp (a C parser) about a third of that: at a few thousand tokens a second into one worker
+    that is most of a core (bench/RESULTS.md). The SDK offers the same transport
+    (``openai.DefaultAioHttpClient``). No cap on connections: each active run holds at most one
+    upstream request, and a cap would queue whole runs behind others' answers. Proxies come from the
+    environment (``HTTPS_PROXY``, ``NO_PROXY``), as with httpx.
+    """
+    ssl_context = httpx.create_ssl_context()
+
+    def session() -> aiohttp.ClientSession:  # made on first use, inside the running loop
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ssl=ssl_context)
+        return aiohttp.ClientSession(connector=connector, trust_env=True)
+
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s), transport=AiohttpTransport(client=session), trust_env=False
+    )
+
+
 class OpenAICompatibleLLM:
     """The LLM protocol (``app.llm.base.LLM``) for an OpenAI-compatible chat completions endpoint."""
 
@@ -115,7 +139,7 @@ class OpenAICompatibleLLM:
         self._rng = rng or random.Random()
         self._secret = api_key or None
         self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=httpx.Timeout(self._timeout_s))
+        self._http = http_client or default_http_client(self._timeout_s)
         self._client = openai.AsyncOpenAI(
             base_url=base_url or DEFAULT_BASE_URL,
             api_key=api_key or _NO_KEY,
@@ -166,10 +190,14 @@ class OpenAICompatibleLLM:
             attempts += 1
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    completion = await self._client.chat.completions.create(
+                    # The raw reply, parsed with orjson: the SDK's pydantic objects for it cost
+                    # more CPU than the rest of the call (as for streams, see _chunks).
+                    raw = await self._client.chat.completions.with_raw_response.create(
                         model=self._model, messages=(), extra_body=body
                     )
-                return self._chat_result(completion, attempts)
+                    response = raw.http_response
+                    content = await response.aread()
+                return self._chat_result(_json_body(response, content, attempts), attempts)
             except LLMResponseError:
                 raise
             except Exception as exc:
@@ -177,40 +205,37 @@ class OpenAICompatibleLLM:
                 await self._after_failure(failure, attempts, exc)
 
     def _chat_result(self, completion: object, attempts: int) -> ChatResult:
-        if isinstance(completion, str):
-            # The SDK hands back the raw text when the content type is not JSON.
-            raise LLMResponseError("the LLM reply is not JSON", attempts=attempts)
-        choices = getattr(completion, "choices", None)
+        choices = _field(completion, "choices")
         if not isinstance(choices, list) or not choices:
             raise LLMResponseError("the LLM reply has no choices", attempts=attempts)
         choice = choices[0]
-        message = getattr(choice, "message", None)
+        message = _field(choice, "message")
         if message is None:
             raise LLMResponseError("the LLM reply's first choice has no message", attempts=attempts)
-        content = getattr(message, "content", None)
+        content = _field(message, "content")
         if content is not None and not isinstance(content, str):
             raise LLMResponseError("the LLM reply's message content is not text", attempts=attempts)
-        finish_reason = getattr(choice, "finish_reason", None)
+        finish_reason = _field(choice, "finish_reason")
         return ChatResult(
             content=content,
             tool_calls=self._tool_calls(message, attempts),
             reasoning_content=_reasoning_content(message),
-            usage=_token_usage(getattr(completion, "usage", None)),
+            usage=_token_usage(_field(completion, "usage")),
             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
             attempts=attempts,
         )
 
     @staticmethod
     def _tool_calls(message: object, attempts: int) -> tuple[ToolCall, ...]:
-        raw_calls = getattr(message, "tool_calls", None) or []
+        raw_calls = _field(message, "tool_calls") or []
         if not isinstance(raw_calls, list):
             raise LLMResponseError("the LLM reply's tool_calls is not a list", attempts=attempts)
         calls: list[ToolCall] = []
         for i, raw in enumerate(raw_calls):
-            function = getattr(raw, "function", None)
-            name = getattr(function, "name", None)
-            arguments = getattr(function, "arguments", None)
-            call_id = getattr(raw, "id", None)
+            function = _field(raw, "function")
+            name = _field(function, "name")
+            arguments = _field(function, "arguments")
+            call_id = _field(raw, "id")
             if not isinstance(name, str) or not name:
                 raise LLMResponseError(
                     f"tool call #{i} of the LLM reply has no function name", attempts=attempts
@@ -318,6 +343,9 @@ class OpenAICompatibleLLM:
             description = f"HTTP {status}" + (f" ({detail})" if detail else "")
             retry_after = parse_retry_after(exc.response.headers) if retryable else None
             return _Failure(description, retryable, retry_after, None if retryable else status)
+        broken = _connection_failure(exc)
+        if broken is not None:
+            return _Failure(f"connection error ({type(broken).__name__})", retryable=True)
         if isinstance(exc, (openai.APITimeoutError, TimeoutError, httpx.TimeoutException)):
             return _Failure(f"timed out after {self._timeout_s:g}s", retryable=True)
         if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
@@ -348,13 +376,34 @@ class OpenAICompatibleLLM:
         return _KEY_LIKE_RE.sub("***", text)
 
 
+def _connection_failure(exc: BaseException) -> aiohttp.ClientConnectionError | None:
+    """The aiohttp connection error under ``exc`` (the SDK's and httpx's wrappers), if not a timeout.
+
+    The transport reports every aiohttp connection error as an httpx timeout (a refused connection,
+    a server that hung up mid-answer): the cause tells them apart.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, TimeoutError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _json_body(response: Any, content: bytes, attempts: int) -> object:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        said_json = "json" in response.headers.get("content-type", "")
+        problem = "body is not valid JSON" if said_json else "is not JSON"
+        raise LLMResponseError(f"the LLM reply {problem}", attempts=attempts) from None
+
+
 def _reasoning_content(message: object) -> str | None:
-    # DeepSeek-style providers add ``reasoning_content`` next to ``content``; the SDK keeps unknown
-    # fields as pydantic extras.
-    extra = getattr(message, "model_extra", None)
-    value = extra.get("reasoning_content") if isinstance(extra, Mapping) else None
-    if value is None:
-        value = getattr(message, "reasoning_content", None)
+    # DeepSeek-style providers add ``reasoning_content`` next to ``content``.
+    value = _field(message, "reasoning_content")
     return value if isinstance(value, str) and value else None
 
 

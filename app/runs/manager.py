@@ -176,21 +176,18 @@ class RunManager:
         conv_id = conversation.id
         start_cursor = await self.last_cursor(conv_id)
         try:
-            run = await self.runs.create(
+            # One transaction: the run, the earlier turns, the history they make, the question.
+            run, history = await self.runs.start(
                 conv_id,
                 conversation.owner,
                 message,
                 worker_id=self.worker_id,
                 lease_s=self.settings.run_lease_s,
                 start_cursor=start_cursor,
+                prior=prior,
             )
         except RunActiveError as exc:
             raise RunActiveConflict("a run is already active in this conversation") from exc
-        if prior:
-            await self.conversations.add_messages(conv_id, None, list(prior))
-        history = await self.conversations.history(conv_id)
-        await self.conversations.add_messages(conv_id, run.id, [ChatMessage(role="user", content=message)])
-        await self.conversations.touch(conv_id)
         # Follow-ups left over from an earlier run were already reported; start clean.
         await _drain_quietly(self.interrupt_queue(conv_id))
         active = _ActiveRun(run.id, conv_id)
@@ -367,19 +364,13 @@ class RunManager:
         conv_id = active.conversation_id
         pending = list(result.pending_injections) if result is not None else []
         pending += await _drain_quietly(queue)
+        new_messages: list[ChatMessage] = []
         if result is not None:
             new_messages = list(result.messages)
             if new_messages and new_messages[0].role == "user":
                 new_messages = new_messages[1:]  # the question was stored when the run started
-            if new_messages:
-                await _while_unreachable(
-                    lambda: self.conversations.add_messages(conv_id, active.run_id, new_messages)
-                )
-        if pending:
-            follow_ups = follow_up_messages(pending)
-            await _while_unreachable(
-                lambda: self.conversations.add_messages(conv_id, active.run_id, follow_ups)
-            )
+        # Untaken follow-ups stay in the conversation for the next run.
+        new_messages += follow_up_messages(pending)
         if result is not None and engine_done:
             done = replace(engine_done[-1], pending_injections=tuple(pending))
         else:
@@ -402,6 +393,8 @@ class RunManager:
                 elapsed=done.elapsed,
                 error=done.error,
                 pending_injections=list(pending),
+                messages=new_messages,
+                conversation_id=conv_id,
             )
         )
         if finished:

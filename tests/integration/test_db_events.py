@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import event as sa_event
 
 from app.db.errors import ConversationNotFoundError, InvalidCursorError
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo
@@ -157,3 +158,71 @@ async def test_save_of_an_event_with_an_invalid_id_raises_invalid_cursor_error(
         await events.save(conv.id, [event("1-0"), event("not-a-cursor")])
 
     assert await events.last_id(conv.id) is None
+
+
+# ---- group commit ------------------------------------------------------------------------------
+
+
+def count_commits(database: Database) -> list[int]:
+    commits = [0]
+
+    def on_commit(_connection: object) -> None:
+        commits[0] += 1
+
+    sa_event.listen(database.engine.sync_engine, "commit", on_commit)
+    return commits
+
+
+async def test_saves_that_come_together_are_committed_together(database: Database, events: EventRepo) -> None:
+    repo = ConversationRepo(database.sessionmaker)
+    convs = [await repo.create("alice", f"c{i}", {}) for i in range(40)]
+    commits = count_commits(database)
+
+    await asyncio.gather(
+        *(events.save(c.id, [event(f"{i + 1}-0"), event(f"{i + 1}-1")]) for i, c in enumerate(convs))
+    )
+
+    for i, c in enumerate(convs):
+        assert [e.id for e in await events.read_after(c.id, ZERO_CURSOR)] == [f"{i + 1}-0", f"{i + 1}-1"]
+    assert 1 <= commits[0] <= 2  # the first save alone, the 39 that queued behind it in one
+
+
+async def test_a_deleted_conversation_fails_only_its_own_save_in_a_group(
+    database: Database, events: EventRepo
+) -> None:
+    repo = ConversationRepo(database.sessionmaker)
+    convs = [await repo.create("alice", f"c{i}", {}) for i in range(5)]
+    saves = [events.save(c.id, [event("7-0")]) for c in convs]
+    saves.insert(3, events.save("conv_gone", [event("7-0")]))
+
+    outcomes = await asyncio.gather(*saves, return_exceptions=True)
+
+    assert isinstance(outcomes[3], ConversationNotFoundError)
+    assert [o for i, o in enumerate(outcomes) if i != 3] == [None] * 5
+    for c in convs:
+        assert [e.id for e in await events.read_after(c.id, ZERO_CURSOR)] == ["7-0"]
+
+
+async def test_a_caller_that_stops_waiting_does_not_stop_the_write(
+    database: Database, events: EventRepo, conv: ConversationRecord
+) -> None:
+    other = await ConversationRepo(database.sessionmaker).create("alice", "other", {})
+    first = asyncio.create_task(events.save(other.id, [event("1-0")]))
+    await asyncio.sleep(0)  # the first save's write is under way; the next one queues behind it
+    waiting = asyncio.create_task(events.save(conv.id, [event("2-0")]))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await first
+
+    async def stored() -> list[StoredEvent]:
+        return await events.read_after(conv.id, ZERO_CURSOR)
+
+    deadline = asyncio.get_running_loop().time() + 5
+    while not await stored():
+        assert asyncio.get_running_loop().time() < deadline, (
+            "the cancelled caller's events were never written"
+        )
+        await asyncio.sleep(0.01)
+    assert [e.id for e in await stored()] == ["2-0"]
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

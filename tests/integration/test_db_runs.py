@@ -10,6 +10,7 @@ import pytest
 from app.db.errors import ConversationNotFoundError, RunActiveError
 from app.db.repositories import ConversationRecord, ConversationRepo, RunRecord, RunRepo
 from app.db.session import Database
+from app.llm.base import ChatMessage
 
 
 @pytest.fixture
@@ -266,3 +267,73 @@ async def test_counts_by_status_counts_every_status_including_zeros(
             await finish(runs, run.id, status=status)
 
     assert await runs.counts_by_status() == {"running": 1, "completed": 2, "failed": 1, "cancelled": 0}
+
+
+# ---- start and finish in one transaction each -------------------------------------------------
+
+
+async def test_start_stores_prior_turns_and_the_question_and_returns_the_history_before_it(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    conversations = ConversationRepo(database.sessionmaker)
+    await conversations.add_messages(conv.id, None, [ChatMessage(role="user", content="earlier")])
+    prior = [ChatMessage(role="assistant", content="sent along with the question")]
+
+    run, history = await runs.start(
+        conv.id, "alice", "now?", worker_id="w1", lease_s=30, start_cursor="0-0", prior=prior
+    )
+
+    assert [m.content for m in history] == ["earlier", "sent along with the question"]
+    stored = await conversations.messages(conv.id)
+    assert [(m.content, m.run_id) for m in stored] == [
+        ("earlier", None),
+        ("sent along with the question", None),
+        ("now?", run.id),
+    ]
+    assert (await runs.active(conv.id)) == run
+
+
+async def test_a_start_that_loses_to_a_running_run_stores_nothing(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    first, _ = await runs.start(conv.id, "alice", "one", worker_id="w1", lease_s=30, start_cursor="0-0")
+    prior = [ChatMessage(role="user", content="prior")]
+
+    with pytest.raises(RunActiveError):
+        await runs.start(conv.id, "alice", "two", worker_id="w1", lease_s=30, start_cursor="0-0", prior=prior)
+
+    stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
+    assert [m.content for m in stored] == ["one"] and (await runs.active(conv.id)) == first
+
+
+async def test_start_in_a_missing_conversation_is_not_found(runs: RunRepo) -> None:
+    with pytest.raises(ConversationNotFoundError):
+        await runs.start("conv_gone", "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
+
+
+async def test_finish_stores_the_runs_messages_with_the_close(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    run, _ = await runs.start(conv.id, "alice", "q", worker_id="w1", lease_s=30, start_cursor="0-0")
+    said = [ChatMessage(role="assistant", content="a"), ChatMessage(role="user", content="note", pinned=True)]
+
+    closed = await runs.finish(
+        run.id,
+        status="completed",
+        answer="a",
+        iterations=1,
+        usage={},
+        elapsed=0.1,
+        error=None,
+        pending_injections=["note"],
+        messages=said,
+        conversation_id=conv.id,
+    )
+
+    assert closed
+    stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
+    assert [(m.content, m.run_id, m.pinned) for m in stored] == [
+        ("q", run.id, False),
+        ("a", run.id, False),
+        ("note", run.id, True),
+    ]

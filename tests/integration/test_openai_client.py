@@ -419,7 +419,7 @@ async def test_stream_cut_after_tokens_raises_and_never_resends_them(
             received.append(item.text)
 
     assert received == ["one ", "two "]
-    assert "after tokens were sent" in str(caught.value)
+    assert "after tokens were sent: connection error" in str(caught.value)  # a hang-up, not a timeout
     assert len(server.requests) == 1
     assert sleep.delays == []
 
@@ -464,6 +464,23 @@ async def test_stream_with_a_malformed_chunk_is_a_response_error(
 
 
 # -- lifecycle -------------------------------------------------------------------------------
+
+
+async def test_concurrent_calls_are_not_queued_behind_a_connection_cap(server: FakeOpenAIServer) -> None:
+    """Every active run holds one upstream request: 150 of them are all in flight at once."""
+    release = threading.Event()
+    server.set_handler(lambda body: FakeReply.blocked(release, FakeReply.stream(["ok"])))
+    llm = OpenAICompatibleLLM(server.base_url, None, "m", ABILITIES, timeout_s=30)
+    calls = [asyncio.create_task(collect(llm.stream_chat(QUESTION))) for _ in range(150)]
+    try:
+        await server.wait_for_requests_async(150, within_s=20)
+    finally:
+        release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await llm.aclose()
+    assert all(not isinstance(r, BaseException) and r[0] == TextDelta("ok") for r in results)
+
+
 
 
 async def test_aclose_leaves_a_caller_supplied_http_client_open(server: FakeOpenAIServer) -> None:
