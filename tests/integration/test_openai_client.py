@@ -481,8 +481,6 @@ async def test_concurrent_calls_are_not_queued_behind_a_connection_cap(server: F
     assert all(not isinstance(r, BaseException) and r[0] == TextDelta("ok") for r in results)
 
 
-
-
 async def test_aclose_leaves_a_caller_supplied_http_client_open(server: FakeOpenAIServer) -> None:
     server.script(FakeReply.text("ok"))
     async with httpx.AsyncClient() as http:
