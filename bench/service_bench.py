@@ -393,8 +393,18 @@ async def scenario_http(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _latency_level(
-    port: int, concurrency: int, runs_each: int, tokens: int, deadline: float, follow_ups: bool = False
+    port: int,
+    concurrency: int,
+    runs_each: int,
+    tokens: int,
+    deadline: float,
+    follow_ups: bool = False,
+    steady_s: float = 0.0,
 ) -> dict[str, Any]:
+    """One concurrency level. ``steady_s`` > 0: users arrive spread over that long (about one run)
+    and each does an untimed run before and after its timed ones, so the timed runs stream while
+    the other users' runs come and go at the rate a steady load of ``concurrency`` runs has; 0:
+    all users arrive within the first second (a start storm) and every run is timed."""
     latencies: list[int] = []
     engine_side: list[int] = []
     transport_side: list[int] = []
@@ -402,19 +412,22 @@ async def _latency_level(
     replayed = 0
     runs = 0
 
+    async def untimed(conn: Connection, conv_id: str) -> str:
+        conv_id = conv_id if follow_ups and conv_id else await new_conversation(conn)
+        await start_run(conn, conv_id)
+        await read_stream(port, conv_id)
+        return conv_id
+
     async def user(n: int) -> None:
         nonlocal lost, runs, replayed
-        # Users arrive over the first second rather than all in the same instant.
-        await asyncio.sleep(n / concurrency)
+        await asyncio.sleep(n * (steady_s or 1.0) / concurrency)
         conn = Connection(HOST, port)
         try:
             conv_id = ""
-            if follow_ups:
-                # One untimed first run: the timed ones are follow-ups in a conversation whose
-                # stream already exists on the bus.
-                conv_id = await new_conversation(conn)
-                await start_run(conn, conv_id)
-                await read_stream(port, conv_id)
+            if follow_ups or steady_s:
+                # An untimed first run: with follow-ups, the timed ones go to a conversation whose
+                # stream already exists on the bus; when steady, it is the ramp up.
+                conv_id = await untimed(conn, conv_id)
             for _ in range(runs_each):
                 if time.monotonic() > deadline:
                     return
@@ -428,6 +441,8 @@ async def _latency_level(
                 replayed += result.before_connect
                 lost += tokens - len(result.stamps) - result.before_connect
                 runs += 1
+            if steady_s:
+                await untimed(conn, conv_id)  # keeps the load up while the others finish theirs
         finally:
             await conn.close()
 
@@ -474,7 +489,13 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
             cpu0, t0, client0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
             deadline = time.monotonic() + args.max_seconds
             level = await _latency_level(
-                port, concurrency, args.runs_each, args.tokens, deadline, args.follow_ups
+                port,
+                concurrency,
+                args.runs_each,
+                args.tokens,
+                deadline,
+                args.follow_ups,
+                args.tokens * args.delay_s if args.steady else 0.0,
             )
             level["worker_cpu_pct"] = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
             level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
@@ -496,6 +517,9 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "follow-up runs in existing conversations"
         if args.follow_ups
         else "first run of new conversations",
+        "arrival": "steady: users arrive over one run's length, an untimed run before and after"
+        if args.steady
+        else "storm: every user arrives within the first second",
         "database": database,
         "levels": levels,
         "clock": "fake LLM stamps time.time() right before writing each token; the client reads the "
@@ -656,6 +680,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     lat.add_argument("--profile", default="", help="write a py-spy profile of the worker here")
     lat.add_argument(
         "--follow-ups", action="store_true", help="time follow-up runs in conversations that had one run"
+    )
+    lat.add_argument(
+        "--steady",
+        action="store_true",
+        help="users arrive over one run's length, with an untimed run before and after the timed ones",
     )
     lat.add_argument("--py-spy", default=str(ROOT / "bench/.venv-peers/bin/py-spy"))
     t = sub.add_parser("throughput")

@@ -40,6 +40,11 @@ class EventPersistError(Exception):
     """The database kept refusing the run's events for longer than ``store_retry_s``."""
 
 
+MAX_DELTA_CHARS = 16_384
+"""Deltas stop merging at about this size. Every reader holds whole events: unbounded, one fast
+answer merged into events of megabytes, and each client that stopped reading held several."""
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -50,12 +55,13 @@ class _PendingDelta:
     ``eager``: the tokens come slowly, so waiting for more would only add latency.
     """
 
-    __slots__ = ("eager", "id", "parts", "prev")
+    __slots__ = ("eager", "id", "parts", "prev", "size")
 
     def __init__(self, event_id: str, prev: str | None, content: str, eager: bool) -> None:
         self.id = event_id
         self.prev = prev
         self.parts = [content]
+        self.size = len(content)
         self.eager = eager
 
 
@@ -154,8 +160,10 @@ class RunPublisher:
             now = time.monotonic()
             eager = now - self._last_delta_at > self._coalesce_s
             self._last_delta_at = now
-            if pending and type(pending[-1]) is _PendingDelta:
-                pending[-1].parts.append(event.content)
+            tail = pending[-1] if pending else None
+            if type(tail) is _PendingDelta and tail.size < MAX_DELTA_CHARS:
+                tail.parts.append(event.content)
+                tail.size += len(event.content)
                 return None
             self._queue(_PendingDelta(*self._next_id(), event.content, eager))
             return None

@@ -17,7 +17,7 @@ from app.engine.events import (
     ThinkingStarted,
 )
 from app.streaming.bus import StoredEvent, parse_cursor
-from app.streaming.publisher import EventPersistError, PublisherClosedError, RunPublisher
+from app.streaming.publisher import MAX_DELTA_CHARS, EventPersistError, PublisherClosedError, RunPublisher
 from tests.unit.streaming.doubles import MemoryStore, ScriptedBus, wait_until
 
 CONV = "conv_1"
@@ -75,6 +75,25 @@ async def test_deltas_published_while_a_send_is_in_flight_merge_into_one_exact_d
     assert delta == {"status": "delta", "content": "".join(tokens), "run_id": RUN}
     assert len(bus.appends) == 2  # start alone, then the merged delta together with done
     assert ids_increase(events)
+
+
+async def test_merged_deltas_stop_growing_at_the_size_cap() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store)
+    await pub.publish(AnswerStarted())
+    await wait_until(bus.in_append.is_set)
+    tokens = [f"{n:07d} " for n in range(10_000)]  # 80,000 characters while the send is held
+    for token in tokens:
+        await pub.publish(AnswerDelta(token))
+    bus.gate.set()
+    await pub.publish(run_done("".join(tokens)))
+    await pub.close()
+
+    answer = [orjson.loads(e.data) for e in await bus.read_after(CONV, "0-0") if e.event == "answer"]
+    deltas = [a["content"] for a in answer if a["status"] == "delta"]
+    assert "".join(deltas) == "".join(tokens)
+    assert len(deltas) == 5 and max(len(d) for d in deltas) <= MAX_DELTA_CHARS + 8
 
 
 async def test_a_non_delta_event_ends_a_merge_so_order_is_kept() -> None:
