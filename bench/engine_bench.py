@@ -4,7 +4,8 @@
 (bench/measure.py), so its CPU time per run compares with theirs. ``scaling``: one run of 50 loop
 iterations (50 tool calls, the max-iterations fallback, then synthesis), repeated; per iteration it
 reports the wall time, the CPU time spent inside the LLM client and the engine's own CPU time
-(everything else the process did in that iteration).
+(everything else the process did in that iteration). ``intake``: CPU per streamed token of the LLM
+client when each token is its own network read, on httpx's transport and on aiohttp's.
 
 Run from the repository root: ``.venv/bin/python -m bench.engine_bench job --url URL``.
 """
@@ -19,6 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import httpx
+
 from app.engine.agent import AgentConfig, ReActAgent
 from app.engine.events import (
     AnswerDelta,
@@ -28,8 +31,8 @@ from app.engine.events import (
     RunDone,
     ThinkingStarted,
 )
-from app.llm.base import ChatMessage, ChatResult
-from app.llm.openai_client import OpenAICompatibleLLM
+from app.llm.base import ChatMessage, ChatResult, TextDelta
+from app.llm.openai_client import OpenAICompatibleLLM, default_http_client
 from app.tools.registry import Tool, ToolRegistry
 from bench.measure import ADD_SCHEMA, QUESTION, RunCheck, emit, measure
 
@@ -163,6 +166,43 @@ async def scaling(args: argparse.Namespace) -> None:
     await llm.inner.aclose()
 
 
+async def intake(args: argparse.Namespace) -> None:
+    """CPU per streamed token of ``OpenAICompatibleLLM.stream_chat`` when every token is its own
+    network read (the fake LLM started with ``--timed --delay-s``), on httpx's own transport (what
+    the client used before) and on the default one (aiohttp), interleaved in one run."""
+    subjects = {
+        "httpx transport (httpcore, h11)": lambda: httpx.AsyncClient(timeout=httpx.Timeout(60)),
+        "aiohttp transport (the default)": lambda: default_http_client(60),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in subjects}
+    tokens: dict[str, int] = dict.fromkeys(subjects, 0)
+    question = [ChatMessage(role="user", content=QUESTION)]
+    for round_ in range(args.warmup_rounds + args.rounds):
+        for name, make in subjects.items():
+            http = make()
+            llm = OpenAICompatibleLLM(args.url, "bench", "fake-model", ABILITIES, http_client=http)
+
+            async def one(llm: OpenAICompatibleLLM = llm) -> int:
+                return sum([isinstance(i, TextDelta) async for i in llm.stream_chat(question)])
+
+            start = time.process_time()
+            counted = sum(await asyncio.gather(*(one() for _ in range(args.streams))))
+            spent = time.process_time() - start
+            await http.aclose()
+            if round_ >= args.warmup_rounds:
+                cpu[name].append(spent)
+                tokens[name] += counted
+    emit(
+        {
+            "subject": "stream intake",
+            "streams": args.streams,
+            "rounds": args.rounds,
+            "cpu_us_per_token": {name: 1e6 * sum(cpu[name]) / max(1, tokens[name]) for name in subjects},
+            "tokens": tokens,
+        }
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -179,8 +219,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     s.add_argument("--repeats", type=int, default=20)
     s.add_argument("--warmup", type=int, default=3)
     s.add_argument("--max-seconds", type=float, default=120.0)
+    i = sub.add_parser("intake", help="CPU per streamed token, httpx's transport against aiohttp's")
+    i.add_argument("--url", required=True, help="a fake LLM started with --k 0 --timed --delay-s 0.002")
+    i.add_argument("--streams", type=int, default=20)
+    i.add_argument("--rounds", type=int, default=3)
+    i.add_argument("--warmup-rounds", type=int, default=1)
     args = parser.parse_args(argv)
-    asyncio.run(job(args) if args.command == "job" else scaling(args))
+    commands = {"job": job, "scaling": scaling, "intake": intake}
+    asyncio.run(commands[args.command](args))
 
 
 if __name__ == "__main__":
