@@ -90,7 +90,8 @@ class Stack:
         self.db = db
         # (py-spy, output): worker 0 runs under `py-spy record` for its whole life (attaching to a
         # running process is refused on some machines), stopped with SIGINT at the end.
-        self.profile = profile
+        # Absolute: the worker runs in the temporary directory.
+        self.profile = (profile[0], os.path.abspath(profile[1])) if profile else None
         self.pg_database = ""
         self.fake_args = list(fake_args)
         self.n_workers = workers
@@ -147,7 +148,7 @@ class Stack:
             spy: list[str] = []
             if self.profile and i == 0:
                 py_spy, out = self.profile
-                spy = [py_spy, "record", "-r", "100", "-f", "raw", "-o", out, "--gil", "--"]
+                spy = [py_spy, "record", "-r", "100", "-f", "raw", "-o", out, "--gil", "--nonblocking", "--"]
             proc = subprocess.Popen(  # noqa: ASYNC220
                 [
                     *spy,

@@ -562,11 +562,17 @@ class EventRepo:
                     "data": stored.data,
                 }
             )
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         # A caller cancelled meanwhile leaves its outcome unread: read it here, quietly.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._queue.append(_PendingSave(conversation_id, rows, future))
-        if self._writer is None:
+        writer = self._writer
+        if writer is not None and writer.get_loop() is not loop:
+            # Left behind by an event loop that is gone (tests run one per test): so is its queue.
+            self._queue = [pending for pending in self._queue if pending.future.get_loop() is loop]
+            writer = None
+        if writer is None or writer.done():
             # A task of its own, so that a caller that stops waiting does not stop the others' write.
             self._writer = asyncio.create_task(self._write_queued(), name="event-store-writer")
         await asyncio.shield(future)
