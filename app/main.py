@@ -217,4 +217,3 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")
     return app
-
