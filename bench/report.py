@@ -549,7 +549,8 @@ def main() -> None:
     if notes:
         md.append(notes.strip() + "\n")
     md.append(
-        "Worker profile during the highest latency level (py-spy, 20 s):\n\n```\n"
+        "Worker profile at 200 steady runs (py-spy `--gil --nonblocking`, the worker's whole life in "
+        "a latency run of its own, so that sampling does not weigh on the figures above):\n\n```\n"
         + fold_summary(out / "worker-latency.folded", top=20)
         + "\n```\n"
     )
