@@ -318,30 +318,6 @@ class RunRepo:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
 
-    async def create(
-        self,
-        conversation_id: str,
-        owner: str,
-        message: str,
-        *,
-        worker_id: str,
-        lease_s: float,
-        start_cursor: str,
-    ) -> RunRecord:
-        """Insert a running run leased to ``worker_id``.
-
-        Raises ``RunActiveError`` if a run of the conversation is running (the partial unique index
-        decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
-        the conversation does not exist.
-        """
-        row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
-        try:
-            async with self._sessionmaker.begin() as session:
-                session.add(row)
-        except IntegrityError:
-            await self._explain_conflict(conversation_id)
-        return _run_record(row)
-
     @staticmethod
     def _new_row(
         conversation_id: str, owner: str, message: str, worker_id: str, lease_s: float, start_cursor: str
@@ -387,11 +363,14 @@ class RunRepo:
         start_cursor: str,
         prior: Sequence[ChatMessage] = (),
     ) -> tuple[RunRecord, list[ChatMessage]]:
-        """``create()``, and in the same transaction store ``prior`` turns (a whole chat sent at
-        once), read the conversation's history, then store the question: one write, and a history
-        that is exactly what came before this run. Returns the run and that history.
+        """Insert a running run leased to ``worker_id`` and, in the same transaction, store
+        ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
+        the question: one write, and a history that is exactly what came before this run.
+        Returns the run and that history.
 
-        Raises as ``create()`` does.
+        Raises ``RunActiveError`` if a run of the conversation is running (the partial unique index
+        decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
+        the conversation does not exist.
         """
         row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
         try:

@@ -62,8 +62,7 @@ async def test_delete_removes_the_conversation_with_its_messages_runs_and_events
     runs = RunRepo(database.sessionmaker)
     events = EventRepo(database.sessionmaker)
     conv = await conversations.create("alice", "doomed", {})
-    run = await runs.create(conv.id, "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
-    await conversations.add_messages(conv.id, run.id, [ChatMessage(role="user", content="hi")])
+    run, _ = await runs.start(conv.id, "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
     await events.save(conv.id, [StoredEvent(id="5-0", event="done", data="{}", run_id=run.id)])
 
     assert await conversations.delete("alice", conv.id) is True

@@ -18,7 +18,7 @@ async def test_lease_renewal_does_not_wait_for_the_busy_request_pool(migrated_da
     db = Database(migrated_database_url)
     try:
         conv = await ConversationRepo(db.sessionmaker).create("alice", "t", {})
-        run = await RunRepo(db.sessionmaker).create(
+        run, _ = await RunRepo(db.sessionmaker).start(
             conv.id, "alice", "q", worker_id="w1", lease_s=1.0, start_cursor="0-0"
         )
         pool = db.engine.pool

@@ -26,9 +26,10 @@ async def conv(database: Database) -> ConversationRecord:
 async def start(
     runs: RunRepo, conv: ConversationRecord, *, worker_id: str = "w1", lease_s: float = 30
 ) -> RunRecord:
-    return await runs.create(
+    run, _ = await runs.start(
         conv.id, conv.owner, "hello", worker_id=worker_id, lease_s=lease_s, start_cursor="0-0"
     )
+    return run
 
 
 async def finish(runs: RunRepo, run_id: str, status: str = "completed", answer: str = "done") -> bool:
@@ -49,7 +50,9 @@ async def test_create_stores_a_running_run_leased_to_the_worker(
 ) -> None:
     before = datetime.now(UTC)
 
-    run = await runs.create(conv.id, "alice", "what is 2+2?", worker_id="w1", lease_s=30, start_cursor="17-3")
+    run, _ = await runs.start(
+        conv.id, "alice", "what is 2+2?", worker_id="w1", lease_s=30, start_cursor="17-3"
+    )
 
     assert run.id.startswith("run_") and len(run.id) >= 24
     assert (run.status, run.message, run.start_cursor, run.worker_id) == (
@@ -126,7 +129,7 @@ async def test_runs_of_different_conversations_run_side_by_side(database: Databa
 
 async def test_start_for_a_missing_conversation_raises_conversation_not_found(runs: RunRepo) -> None:
     with pytest.raises(ConversationNotFoundError):
-        await runs.create("conv_missing", "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
+        await runs.start("conv_missing", "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
 
 
 async def test_a_new_run_can_start_once_the_previous_finished(
@@ -304,11 +307,6 @@ async def test_a_start_that_loses_to_a_running_run_stores_nothing(
 
     stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
     assert [m.content for m in stored] == ["one"] and (await runs.active(conv.id)) == first
-
-
-async def test_start_in_a_missing_conversation_is_not_found(runs: RunRepo) -> None:
-    with pytest.raises(ConversationNotFoundError):
-        await runs.start("conv_gone", "alice", "hi", worker_id="w1", lease_s=30, start_cursor="0-0")
 
 
 async def test_finish_stores_the_runs_messages_with_the_close(
