@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from sqlalchemy import event as sa_event
@@ -226,3 +229,34 @@ async def test_a_caller_that_stops_waiting_does_not_stop_the_write(
     assert [e.id for e in await stored()] == ["2-0"]
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_a_stopped_writer_fails_its_waiters_and_the_next_save_starts_a_new_one(
+    database: Database, conv: ConversationRecord
+) -> None:
+    gate = asyncio.Event()
+    entered = asyncio.Event()
+    real_begin = database.sessionmaker.begin
+
+    @contextlib.asynccontextmanager
+    async def held_begin() -> AsyncIterator[Any]:
+        entered.set()
+        await gate.wait()  # the write hangs (a stalled database) until the test lets it go
+        async with real_begin() as session:
+            yield session
+
+    class HeldSessions:
+        def begin(self) -> Any:
+            return held_begin()
+
+    events = EventRepo(HeldSessions())  # type: ignore[arg-type]
+    waiting = asyncio.create_task(events.save(conv.id, [event("1-0")]))
+    await asyncio.wait_for(entered.wait(), 5)
+    assert events._writer is not None
+    events._writer.cancel()  # the loop is shutting down, say
+
+    with pytest.raises(ConnectionError, match="writer was stopped"):
+        await asyncio.wait_for(waiting, 5)
+    gate.set()
+    await asyncio.wait_for(events.save(conv.id, [event("2-0")]), 5)
+    assert [e.id for e in await EventRepo(database.sessionmaker).read_after(conv.id, ZERO_CURSOR)] == ["2-0"]
