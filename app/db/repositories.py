@@ -307,12 +307,6 @@ class ConversationRepo:
         async with self._sessionmaker() as session:
             return await _history(session, conversation_id)
 
-    async def touch(self, conversation_id: str) -> None:
-        async with self._sessionmaker.begin() as session:
-            await session.execute(
-                update(Conversation).where(Conversation.id == conversation_id).values(updated_at=utcnow())
-            )
-
 
 class RunRepo:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:

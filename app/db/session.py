@@ -82,11 +82,6 @@ def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> Non
             # busy_timeout first: switching to WAL needs a lock another worker may hold.
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute("PRAGMA journal_mode = WAL")
-            # In WAL mode NORMAL syncs at checkpoints, not at every commit: a crashed process
-            # loses nothing committed, a power cut may lose the last commits but never corrupts the
-            # file. At FULL each commit waits for the disk, and a busy worker commits hundreds of
-            # event batches a second.
-            cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if enforce_foreign_keys else 'OFF'}")
         finally:
             cursor.close()

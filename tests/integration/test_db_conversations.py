@@ -185,15 +185,15 @@ async def test_add_messages_to_a_missing_conversation_raises_conversation_not_fo
         await conversations.add_messages("conv_missing", None, [ChatMessage(role="user", content="x")])
 
 
-async def test_add_messages_and_touch_move_updated_at_forward(conversations: ConversationRepo) -> None:
+async def test_add_messages_moves_updated_at_forward(conversations: ConversationRepo) -> None:
     conv = await conversations.create("alice", "t", {})
 
     await conversations.add_messages(conv.id, None, [ChatMessage(role="user", content="x")])
     after_add = await conversations.get("alice", conv.id)
-    await conversations.touch(conv.id)
-    after_touch = await conversations.get("alice", conv.id)
+    await conversations.add_messages(conv.id, None, [ChatMessage(role="user", content="y")])
+    after_second = await conversations.get("alice", conv.id)
 
-    assert after_add is not None and after_touch is not None
-    assert conv.updated_at <= after_add.updated_at <= after_touch.updated_at
-    assert after_touch.updated_at > conv.updated_at
-    assert after_touch.created_at == conv.created_at
+    assert after_add is not None and after_second is not None
+    assert conv.updated_at <= after_add.updated_at <= after_second.updated_at
+    assert after_second.updated_at > conv.updated_at
+    assert after_second.created_at == conv.created_at
