@@ -35,7 +35,7 @@ from app.streaming.bus import (
     StoredEvent,
     parse_cursor,
 )
-from app.streaming.redis_wire import Command, RespConnection
+from app.streaming.redis_wire import Command, RespConnection, array_header, bulk
 
 log = logging.getLogger("app.streaming.redis")
 
@@ -91,14 +91,24 @@ class _Follower:
 class _Subscription:
     """This process's interest in one conversation's stream: where reading is, and who follows."""
 
-    __slots__ = ("conversation_id", "followers", "key", "position", "position_key")
+    __slots__ = (
+        "conversation_id",
+        "followers",
+        "key",
+        "key_bulk",
+        "position",
+        "position_bulk",
+        "position_key",
+    )
 
     def __init__(self, conversation_id: str, key: str, position: str) -> None:
         self.conversation_id = conversation_id
         self.key = key
+        self.key_bulk = bulk(key)
         # Id of the last entry handed to followers; a follower that joins now gets all after it.
         self.position = position
         self.position_key = parse_cursor(position)
+        self.position_bulk = bulk(position)
         self.followers: set[_Follower] = set()
 
     def deliver(self, events: list[StoredEvent], limit: int) -> None:
@@ -109,6 +119,7 @@ class _Subscription:
                 return
         self.position = events[-1].id
         self.position_key = parse_cursor(self.position)
+        self.position_bulk = bulk(self.position)
         n = len(events)
         for follower in list(self.followers):
             if follower.size + n > limit:
@@ -145,6 +156,10 @@ class _StreamReader:
         self._wake = asyncio.Event()
         self._reading: frozenset[str] | None = None  # keys of the XREAD in flight
         self.unblocking: asyncio.Task[None] | None = None
+        # XREAD COUNT <page> BLOCK <ms> STREAMS, the part of the command that does not change.
+        self._xread_head = b"".join(
+            bulk(str(a)) for a in ("XREAD", "COUNT", _PAGE, "BLOCK", bus.block_ms, "STREAMS")
+        )
         self.task = asyncio.create_task(self._run(), name="redis-stream-reader")
 
     def subscribe(self, conversation_id: str, key: str, position: str) -> _Subscription:
@@ -190,11 +205,20 @@ class _StreamReader:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            keys = list(self._by_key)
-            positions = [self._by_key[key].position for key in keys]
-            command: Command = ("XREAD", "COUNT", _PAGE, "BLOCK", bus.block_ms, "STREAMS", *keys, *positions)
+            # Packed from each stream's key and position as kept in RESP form: with hundreds of
+            # streams followed, packing the whole command anew on every read was the reader's
+            # largest cost.
+            subs = list(self._by_key.values())
+            command = b"".join(
+                [
+                    array_header(6 + 2 * len(subs)),
+                    self._xread_head,
+                    *[sub.key_bulk for sub in subs],
+                    *[sub.position_bulk for sub in subs],
+                ]
+            )
             try:
-                self._reading = frozenset(keys)
+                self._reading = frozenset(self._by_key)
                 reply: Any = (await self.connection.execute([command], self._read_timeout_s))[0]
             except asyncio.CancelledError:
                 self._fail_all(BusClosedError("the event bus is closed"))

@@ -19,6 +19,17 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 Command = tuple[str | bytes | int, ...]
+"""A command as its arguments; ``execute`` also takes one already packed as RESP ``bytes``."""
+
+
+def bulk(value: str) -> bytes:
+    """``value`` as a RESP bulk string, to pack a command from parts kept between calls."""
+    data = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def array_header(length: int) -> bytes:
+    return b"*%d\r\n" % length
 
 
 class RespConnection:
@@ -42,7 +53,7 @@ class RespConnection:
     def connected(self) -> bool:
         return self._writer is not None
 
-    async def execute(self, commands: Sequence[Command], timeout_s: float | None = None) -> list[Any]:
+    async def execute(self, commands: Sequence[Command | bytes], timeout_s: float | None = None) -> list[Any]:
         """Send ``commands`` in one write and return their replies, in order."""
         try:
             async with asyncio.timeout(self.timeout_s if timeout_s is None else timeout_s):
@@ -62,10 +73,10 @@ class RespConnection:
     def _at_eof(self) -> bool:
         return self._reader is not None and self._reader.at_eof()
 
-    async def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
+    async def _round_trip(self, commands: Sequence[Command | bytes]) -> list[Any]:
         assert self._writer is not None and self._reader is not None
         pack: Any = hiredis.pack_command
-        self._writer.write(b"".join(pack(command) for command in commands))
+        self._writer.write(b"".join(c if type(c) is bytes else pack(c) for c in commands))
         replies: list[Any] = []
         parser = self._parser
         while len(replies) < len(commands):
@@ -92,7 +103,7 @@ class RespConnection:
             )
         self._reader, self._writer = reader, writer
         self._parser = hiredis.Reader(encoding="utf-8", replyError=ResponseError)
-        handshake: list[Command] = []
+        handshake: list[Command | bytes] = []
         if options.get("password"):
             if options.get("username"):
                 handshake.append(("AUTH", options["username"], options["password"]))

@@ -46,12 +46,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import OwnerDep, ServicesDep
 from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS, title_from
 from app.api.schemas import MAX_MESSAGE_CHARS, error_responses
+from app.api.sse_response import EventStream
 from app.container import Services
 from app.errors import InvalidInputError, NotFoundError, ServiceError, UnauthorizedError
 from app.llm.base import ChatMessage
@@ -586,7 +587,7 @@ async def _streaming(
             await _close(events)
             return error_response(error)
     encoder = ChunkEncoder(completion, include_usage)
-    return EventSourceResponse(
+    return EventStream(
         _chunks(services, encoder, held, events),
         headers=SSE_HEADERS,
         ping=services.settings.sse_ping_seconds,

@@ -10,12 +10,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.sse import SendTimeoutError
-from starlette.types import Receive, Scope, Send
 
 from app.api.deps import OwnerDep, ServicesDep, StreamOwnerDep
 from app.api.routes.conversations import owned_conversation
 from app.api.schemas import ChatRequest, error_responses, optional_parameter
+from app.api.sse_response import EventStream
 from app.container import Services
 from app.errors import InvalidInputError
 from app.streaming.bus import StoredEvent, format_cursor, parse_cursor
@@ -78,19 +77,8 @@ async def _encoded(services: Services, conversation_id: str, after: str) -> Asyn
         services.metrics.active_streams.dec()
 
 
-class _EventStream(EventSourceResponse):
-    """The SSE response; a client that stopped reading is dropped without an error: it is no fault
-    of the server's, and the client loses nothing (it reconnects with its cursor)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except* SendTimeoutError:  # the data send, the ping's, or both
-            log.info("dropped a stream client that stopped reading", extra={"send_timeout_s": SEND_TIMEOUT_S})
-
-
 def sse_response(services: Services, conversation_id: str, after: str) -> EventSourceResponse:
-    return _EventStream(
+    return EventStream(
         _encoded(services, conversation_id, after),
         headers=SSE_HEADERS,
         ping=services.settings.sse_ping_seconds,
