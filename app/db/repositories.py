@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import Table, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +30,58 @@ from app.llm.base import ChatMessage, Role, ToolCall
 from app.streaming.bus import StoredEvent, parse_cursor
 
 FINAL_STATUSES = frozenset(RUN_STATUSES) - {"running"}
+
+_conversations: Table = Conversation.__table__  # type: ignore[assignment]
+_messages: Table = Message.__table__  # type: ignore[assignment]
+_runs: Table = Run.__table__  # type: ignore[assignment]
+_events: Table = RunEvent.__table__  # type: ignore[assignment]
+
+# The statements of a run's life (start, stream, finish), built once on the tables. Built per call
+# through the ORM, the statement's construction, its cache key and the unit of work's flush cost
+# more of the worker's CPU than executing it: about 16 ms per run in all on SQLite, against ~6 now
+# (bench/NOTES.md). An UPDATE or INSERT without values() sets the columns its parameters name.
+_CONVERSATION_OF_OWNER = select(_conversations).where(
+    _conversations.c.id == bindparam("b_id"), _conversations.c.owner == bindparam("b_owner")
+)
+_TOUCH_CONVERSATION = update(_conversations).where(_conversations.c.id == bindparam("b_id"))
+_LAST_SEQ = select(func.max(_messages.c.seq)).where(
+    _messages.c.conversation_id == bindparam("b_conversation")
+)
+_HISTORY = (
+    select(_messages)
+    .where(_messages.c.conversation_id == bindparam("b_conversation"))
+    .order_by(_messages.c.seq)
+)
+_RUN = select(_runs).where(_runs.c.id == bindparam("b_id"))
+_RUN_OF_OWNER = _RUN.where(_runs.c.owner == bindparam("b_owner"))
+_ACTIVE_RUN = select(_runs).where(
+    _runs.c.conversation_id == bindparam("b_conversation"), _runs.c.status == "running"
+)
+_LATEST_RUN = (
+    select(_runs)
+    .where(_runs.c.conversation_id == bindparam("b_conversation"))
+    .order_by(_runs.c.created_at.desc(), _runs.c.id.desc())
+    .limit(1)
+)
+_FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
+_LAST_EVENT_ID = (
+    select(_events.c.id)
+    .where(_events.c.conversation_id == bindparam("b_conversation"))
+    .order_by(_events.c.cursor_ms.desc(), _events.c.cursor_seq.desc())
+    .limit(1)
+)
+_EVENTS_AFTER = (
+    select(_events)
+    .where(
+        _events.c.conversation_id == bindparam("b_conversation"),
+        or_(
+            _events.c.cursor_ms > bindparam("b_ms"),
+            and_(_events.c.cursor_ms == bindparam("b_ms"), _events.c.cursor_seq > bindparam("b_seq")),
+        ),
+    )
+    .order_by(_events.c.cursor_ms, _events.c.cursor_seq)
+    .limit(bindparam("b_limit"))
+)
 
 
 def new_conversation_id() -> str:
@@ -95,7 +147,8 @@ class RunRecord:
     finished_at: datetime | None
 
 
-def _conversation_record(row: Conversation) -> ConversationRecord:
+def _conversation_record(row: Any) -> ConversationRecord:
+    """From an ORM object or a row of the table (the same names)."""
     return ConversationRecord(
         id=row.id,
         owner=row.owner,
@@ -106,13 +159,13 @@ def _conversation_record(row: Conversation) -> ConversationRecord:
     )
 
 
-def _message_record(row: Message) -> MessageRecord:
+def _message_record(row: Any) -> MessageRecord:
     return MessageRecord(
         id=row.id,
         conversation_id=row.conversation_id,
         run_id=row.run_id,
         seq=row.seq,
-        role=row.role,  # type: ignore[arg-type]  # only ChatMessage roles are ever written
+        role=row.role,  # only ChatMessage roles are ever written
         content=row.content,
         tool_calls=tuple(
             ToolCall(id=tc["id"], name=tc["name"], arguments=tc["arguments"]) for tc in row.tool_calls or ()
@@ -124,7 +177,7 @@ def _message_record(row: Message) -> MessageRecord:
     )
 
 
-def _run_record(row: Run) -> RunRecord:
+def _run_record(row: Any) -> RunRecord:
     return RunRecord(
         id=row.id,
         conversation_id=row.conversation_id,
@@ -153,39 +206,36 @@ async def _append_messages(
     """
     now = utcnow()
     # Lock the conversation row first, so that concurrent appends cannot take the same seq.
-    touched = await session.execute(
-        update(Conversation).where(Conversation.id == conversation_id).values(updated_at=now)
-    )
+    touched = await session.execute(_TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": now})
     if not touched.rowcount:  # type: ignore[attr-defined]
         raise ConversationNotFoundError(conversation_id)
-    last = await session.scalar(
-        select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
-    )
+    last = await session.scalar(_LAST_SEQ, {"b_conversation": conversation_id})
     first_seq = 0 if last is None else last + 1
-    session.add_all(
-        Message(
-            conversation_id=conversation_id,
-            run_id=run_id,
-            seq=first_seq + offset,
-            role=message.role,
-            content=message.content,
-            tool_calls=[
-                {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
-            ]
-            or None,
-            tool_call_id=message.tool_call_id,
-            name=message.name,
-            pinned=message.pinned,
-            created_at=now,
-        )
-        for offset, message in enumerate(messages)
+    await session.execute(
+        insert(_messages),
+        [
+            {
+                "conversation_id": conversation_id,
+                "run_id": run_id,
+                "seq": first_seq + offset,
+                "role": message.role,
+                "content": message.content,
+                "tool_calls": [
+                    {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
+                ]
+                or None,
+                "tool_call_id": message.tool_call_id,
+                "name": message.name,
+                "pinned": message.pinned,
+                "created_at": now,
+            }
+            for offset, message in enumerate(messages)
+        ],
     )
 
 
 async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMessage]:
-    rows = await session.scalars(
-        select(Message).where(Message.conversation_id == conversation_id).order_by(Message.seq)
-    )
+    rows = await session.execute(_HISTORY, {"b_conversation": conversation_id})
     return [_message_record(row).to_chat_message() for row in rows]
 
 
@@ -198,7 +248,7 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-def _event_record(row: RunEvent) -> StoredEvent:
+def _event_record(row: Any) -> StoredEvent:
     return StoredEvent(id=row.id, event=row.event, data=row.data, run_id=row.run_id)
 
 
@@ -233,24 +283,27 @@ class ConversationRepo:
 
     async def create(self, owner: str, title: str, agent_config: dict[str, Any]) -> ConversationRecord:
         now = utcnow()
-        row = Conversation(
-            id=new_conversation_id(),
-            owner=owner,
-            title=title,
-            agent_config=agent_config,
-            created_at=now,
-            updated_at=now,
-        )
+        record = ConversationRecord(new_conversation_id(), owner, title, dict(agent_config), now, now)
         async with self._sessionmaker.begin() as session:
-            session.add(row)
-        return _conversation_record(row)
+            await session.execute(
+                insert(_conversations),
+                {
+                    "id": record.id,
+                    "owner": owner,
+                    "title": title,
+                    "agent_config": agent_config,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+        return record
 
     async def get(self, owner: str, conversation_id: str) -> ConversationRecord | None:
         """The conversation if ``owner`` owns it; None otherwise (another owner's looks absent)."""
         async with self._sessionmaker() as session:
-            row = await session.scalar(
-                select(Conversation).where(Conversation.id == conversation_id, Conversation.owner == owner)
-            )
+            row = (
+                await session.execute(_CONVERSATION_OF_OWNER, {"b_id": conversation_id, "b_owner": owner})
+            ).first()
         return _conversation_record(row) if row is not None else None
 
     async def list(
@@ -315,26 +368,26 @@ class RunRepo:
     @staticmethod
     def _new_row(
         conversation_id: str, owner: str, message: str, worker_id: str, lease_s: float, start_cursor: str
-    ) -> Run:
+    ) -> dict[str, Any]:
         now = utcnow()
-        return Run(
-            id=new_run_id(),
-            conversation_id=conversation_id,
-            owner=owner,
-            status="running",
-            message=message,
-            answer=None,
-            iterations=0,
-            usage={},
-            elapsed=None,
-            error=None,
-            pending_injections=[],
-            start_cursor=start_cursor,
-            worker_id=worker_id,
-            lease_expires_at=now + timedelta(seconds=lease_s),
-            created_at=now,
-            finished_at=None,
-        )
+        return {
+            "id": new_run_id(),
+            "conversation_id": conversation_id,
+            "owner": owner,
+            "status": "running",
+            "message": message,
+            "answer": None,
+            "iterations": 0,
+            "usage": {},
+            "elapsed": None,
+            "error": None,
+            "pending_injections": [],
+            "start_cursor": start_cursor,
+            "worker_id": worker_id,
+            "lease_expires_at": now + timedelta(seconds=lease_s),
+            "created_at": now,
+            "finished_at": None,
+        }
 
     async def _explain_conflict(self, conversation_id: str) -> NoReturn:
         """After an IntegrityError inserting a run: run ids are random, so the insert can only
@@ -369,37 +422,29 @@ class RunRepo:
         row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
         try:
             async with self._sessionmaker.begin() as session:
-                session.add(row)
-                await session.flush()  # the one-running-run index decides here
+                await session.execute(insert(_runs), row)  # the one-running-run index decides here
                 if prior:
                     await _append_messages(session, conversation_id, None, prior)
                 history = await _history(session, conversation_id)
                 await _append_messages(
-                    session, conversation_id, row.id, [ChatMessage(role="user", content=message)]
+                    session, conversation_id, row["id"], [ChatMessage(role="user", content=message)]
                 )
         except IntegrityError:
             await self._explain_conflict(conversation_id)
-        return _run_record(row), history
+        return RunRecord(**row), history
 
     async def get(self, owner: str, run_id: str) -> RunRecord | None:
         """The run if ``owner`` owns it; None otherwise."""
-        return await self._one(select(Run).where(Run.id == run_id, Run.owner == owner))
+        return await self._one(_RUN_OF_OWNER, {"b_id": run_id, "b_owner": owner})
 
     async def get_any(self, run_id: str) -> RunRecord | None:
-        return await self._one(select(Run).where(Run.id == run_id))
+        return await self._one(_RUN, {"b_id": run_id})
 
     async def active(self, conversation_id: str) -> RunRecord | None:
-        return await self._one(
-            select(Run).where(Run.conversation_id == conversation_id, Run.status == "running")
-        )
+        return await self._one(_ACTIVE_RUN, {"b_conversation": conversation_id})
 
     async def latest(self, conversation_id: str) -> RunRecord | None:
-        return await self._one(
-            select(Run)
-            .where(Run.conversation_id == conversation_id)
-            .order_by(Run.created_at.desc(), Run.id.desc())
-            .limit(1)
-        )
+        return await self._one(_LATEST_RUN, {"b_conversation": conversation_id})
 
     async def finish(
         self,
@@ -428,19 +473,19 @@ class RunRepo:
             if messages and conversation_id is not None:
                 await _append_messages(session, conversation_id, run_id, messages)
             result = await session.execute(
-                update(Run)
-                .where(Run.id == run_id, Run.status == "running")
-                .values(
-                    status=status,
-                    answer=answer,
-                    iterations=iterations,
-                    usage=usage,
-                    elapsed=elapsed,
-                    error=error,
-                    pending_injections=list(pending_injections),
-                    lease_expires_at=None,
-                    finished_at=utcnow(),
-                )
+                _FINISH_RUN,
+                {
+                    "b_id": run_id,
+                    "status": status,
+                    "answer": answer,
+                    "iterations": iterations,
+                    "usage": usage,
+                    "elapsed": elapsed,
+                    "error": error,
+                    "pending_injections": list(pending_injections),
+                    "lease_expires_at": None,
+                    "finished_at": utcnow(),
+                },
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -477,9 +522,9 @@ class RunRepo:
                 counts[status] = count
         return counts
 
-    async def _one(self, query: Any) -> RunRecord | None:
+    async def _one(self, query: Any, params: dict[str, Any]) -> RunRecord | None:
         async with self._sessionmaker() as session:
-            row = await session.scalar(query)
+            row = (await session.execute(query, params)).first()
         return _run_record(row) if row is not None else None
 
     async def _all(self, query: Any) -> list[RunRecord]:
@@ -599,17 +644,9 @@ class EventRepo:
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""
         ms, seq = _event_cursor(after)
-        query = (
-            select(RunEvent)
-            .where(
-                RunEvent.conversation_id == conversation_id,
-                or_(RunEvent.cursor_ms > ms, and_(RunEvent.cursor_ms == ms, RunEvent.cursor_seq > seq)),
-            )
-            .order_by(RunEvent.cursor_ms, RunEvent.cursor_seq)
-            .limit(limit)
-        )
+        params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq, "b_limit": limit}
         async with self._sessionmaker() as session:
-            return [_event_record(row) for row in await session.scalars(query)]
+            return [_event_record(row) for row in await session.execute(_EVENTS_AFTER, params)]
 
     async def for_run(self, run_id: str) -> list[StoredEvent]:
         query = (
@@ -622,9 +659,4 @@ class EventRepo:
 
     async def last_id(self, conversation_id: str) -> str | None:
         async with self._sessionmaker() as session:
-            return await session.scalar(
-                select(RunEvent.id)
-                .where(RunEvent.conversation_id == conversation_id)
-                .order_by(RunEvent.cursor_ms.desc(), RunEvent.cursor_seq.desc())
-                .limit(1)
-            )
+            return await session.scalar(_LAST_EVENT_ID, {"b_conversation": conversation_id})
