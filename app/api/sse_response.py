@@ -126,20 +126,24 @@ class EventStream(EventSourceResponse):
     async def _watch(self, receive: Receive, send: Send) -> None:
         loop = self._loop
         ping_s = self.ping_interval or math.inf
-        # A stuck send is noticed within a quarter of the timeout after it expires.
-        check_s = self.send_timeout / 4 if self.send_timeout else math.inf
+        send_timeout_s = self.send_timeout or math.inf
         while True:
-            wait = min(check_s, max(0.0, self._last_sent + ping_s - loop.time()))
+            # While a send waits, the next thing due is its timeout; otherwise the next ping. A send
+            # that begins meanwhile is seen within a quarter of the timeout.
+            since = self._sending_since
+            due = since + send_timeout_s if since is not None else self._last_sent + ping_s
+            wait = min(due - loop.time(), send_timeout_s / 4)
             try:
-                async with asyncio.timeout(None if math.isinf(wait) else wait):
+                async with asyncio.timeout(None if math.isinf(wait) else max(0.0, wait)):
                     message: Message = await receive()
             except TimeoutError:
-                now = loop.time()
                 since = self._sending_since
-                if since is not None and self.send_timeout and now - since >= self.send_timeout:
-                    self.stop("send_timeout")
-                    return
-                if since is None and now - self._last_sent >= ping_s and not await self._send_ping(send):
+                now = loop.time()
+                if since is not None:
+                    if now - since >= send_timeout_s:
+                        self.stop("send_timeout")
+                        return
+                elif now - self._last_sent >= ping_s and not await self._send_ping(send):
                     self.stop("send_timeout")
                     return
                 continue

@@ -28,9 +28,11 @@ class Client:
         self.changed = asyncio.Event()
         self.gone = asyncio.Event()
         self.stalled = False  # sends wait as they do when the client stops reading
+        self.receives = 0
         self._requested = False
 
     async def receive(self) -> Message:
+        self.receives += 1
         if not self._requested:
             self._requested = True
             return {"type": "http.request", "body": b"", "more_body": False}
@@ -185,6 +187,20 @@ async def test_a_ping_the_client_does_not_take_drops_it_too() -> None:
     await asyncio.wait_for(served, 5)
 
     assert body.closed
+
+
+async def test_a_send_that_waits_while_pings_are_due_does_not_spin_the_watcher() -> None:
+    client, body = Client(), Body()
+    served = await serve(response(body.events(), ping=0.01, send_timeout=0.5), client)
+    await client.wait_for(lambda: len(client.sent) == 1)
+    client.stalled = True
+    body.queue.put_nowait(b"data: never taken\n\n")  # waits for the send timeout, pings long due
+
+    await asyncio.wait_for(served, 5)
+
+    assert body.closed
+    # One wait for the timeout (and a few pings' before the send began), not one per loop turn.
+    assert client.receives < 10, f"the watcher called receive() {client.receives} times"
 
 
 @pytest.fixture
