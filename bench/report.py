@@ -226,6 +226,7 @@ def main() -> None:
     follow = load(out, "latency_followups.json")
     storm = load(out, "latency_storm.json")
     intake = load(out, "intake.json")
+    dbw = load(out, "db.json")
     tput = load(out, "throughput.json")
     idle = load(out, "idle.json")
     redis_b = load(out, "redis_benchmark.json")
@@ -531,6 +532,23 @@ def main() -> None:
         md.append("| transport | CPU us per token |\n|---|---|")
         md.extend(f"| {name} | {fmt(us, '', 1)} |" for name, us in intake["cpu_us_per_token"].items())
         md.append("")
+
+    if dbw and dbw.get("rows"):
+        md.append(
+            "`db_bench` (this run): the database work of one run's life through the repositories, "
+            "in-process (the process's CPU, the driver's threads included):\n"
+        )
+        md.append("| database | runs at once | CPU ms per run (user + system) | wall ms per run |")
+        md.append("|---|---|---|---|")
+        md.extend(
+            f"| {row['database']} | {row['concurrency']} | {fmt(row['cpu_ms_per_run'], '', 2)} "
+            f"({fmt(row['user_ms_per_run'], '', 2)} + {fmt(row['system_ms_per_run'], '', 2)}) | "
+            f"{fmt(row['wall_ms_per_run'], '', 2)} |"
+            for row in dbw["rows"]
+        )
+        md.append("")
+    elif dbw:
+        md.append(f"`db_bench` did not run: {dbw.get('error')}\n")
 
     notes = (HERE / "NOTES.md").read_text() if (HERE / "NOTES.md").exists() else ""
     if notes:

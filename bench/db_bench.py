@@ -1,0 +1,132 @@
+"""The database work of one run's life, through the repositories, in-process.
+
+A run over the HTTP API costs the worker these database operations (in this order): create the
+conversation; read it (POST .../runs checks the owner); start the run (run row, history read and the
+question, one transaction); read the conversation, the running run and the last stored event id
+(opening the stream); finish the run (the answer message and the run's row, one transaction). The
+events themselves are written in group commits shared by all runs and are not counted here.
+
+Runs go one after the other (``--concurrency 1``) or many at once, on SQLite (a file in a temporary
+directory) and on PostgreSQL (a database of its own on 127.0.0.1, dropped at the end). Reports the
+process's CPU time (user and system, the driver's threads included) and wall time per run::
+
+    .venv/bin/python -m bench.db_bench --runs 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from app.db.migrate import upgrade_database
+from app.db.repositories import ConversationRepo, EventRepo, RunRepo
+from app.db.session import Database
+from app.llm.base import ChatMessage
+from bench.service_bench import POSTGRES_URL, _pg_admin
+
+ANSWER = "word " * 200
+
+
+async def run_life(conversations: ConversationRepo, runs: RunRepo, events: EventRepo) -> None:
+    conv = await conversations.create("bench", "a question", {})
+    await conversations.get("bench", conv.id)
+    run, _ = await runs.start(
+        conv.id, "bench", "a question", worker_id="bench", lease_s=30, start_cursor="0-0"
+    )
+    await conversations.get("bench", conv.id)
+    await runs.active(conv.id)
+    await events.last_id(conv.id)
+    await runs.finish(
+        run.id,
+        status="completed",
+        answer=ANSWER,
+        iterations=6,
+        usage={"prompt_tokens": 100, "completion_tokens": 200},
+        elapsed=1.0,
+        error=None,
+        pending_injections=[],
+        messages=[ChatMessage(role="assistant", content=ANSWER)],
+        conversation_id=conv.id,
+    )
+
+
+async def measure(url: str, n_runs: int, concurrency: int, warmup: int) -> dict[str, Any]:
+    db = Database(url)
+    repos = ConversationRepo(db.sessionmaker), RunRepo(db.sessionmaker), EventRepo(db.sessionmaker)
+    try:
+        for _ in range(warmup):
+            await run_life(*repos)
+        left = n_runs
+
+        async def lane() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await run_life(*repos)
+
+        before, wall = os.times(), time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        after, wall = os.times(), time.perf_counter() - wall
+    finally:
+        await db.dispose()
+    return {
+        "runs": n_runs,
+        "concurrency": concurrency,
+        "user_ms_per_run": 1e3 * (after.user - before.user) / n_runs,
+        "system_ms_per_run": 1e3 * (after.system - before.system) / n_runs,
+        "cpu_ms_per_run": 1e3 * (after.user + after.system - before.user - before.system) / n_runs,
+        "wall_ms_per_run": 1e3 * wall / n_runs,
+    }
+
+
+def on_sqlite(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{tmp}/bench.db"
+        upgrade_database(url)
+        return asyncio.run(measure(url, args.runs, concurrency, args.warmup))
+
+
+def on_postgres(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+    name = "agentstream_bench_" + uuid.uuid4().hex[:10]
+    asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    try:
+        url = f"{POSTGRES_URL.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+        upgrade_database(url)
+        return asyncio.run(measure(url, args.runs, concurrency, args.warmup))
+    finally:
+        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 50])
+    parser.add_argument("--db", choices=["sqlite", "postgres"], nargs="+", default=["sqlite", "postgres"])
+    args = parser.parse_args(argv)
+    rows = []
+    for db in args.db:
+        for concurrency in args.concurrency:
+            row = {"database": db, **(on_sqlite if db == "sqlite" else on_postgres)(args, concurrency)}
+            print(
+                f"  db {db} x{concurrency}: {row['cpu_ms_per_run']:.2f} ms CPU/run "
+                f"(user {row['user_ms_per_run']:.2f}, system {row['system_ms_per_run']:.2f}), "
+                f"{row['wall_ms_per_run']:.2f} ms wall/run",
+                file=sys.stderr,
+            )
+            rows.append(row)
+    print(json.dumps({"scenario": "database work per run", "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
