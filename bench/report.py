@@ -443,13 +443,15 @@ def main() -> None:
             "conversation that already had one. A third, the start storm, has every user arrive within "
             "the first second (at 200, 400 requests and 200 tool loops in one second) and times every "
             "run: what a burst costs the streams already flowing. `LLM->pub` and `pub->client` split "
-            "each latency at the publish time carried in the event's id (ms resolution).\n"
+            "each latency at the publish time carried in the event's id (ms resolution). `machine busy / "
+            "stolen`: all cores of the machine during the level, from /proc/stat; stolen is time the "
+            "hypervisor gave to other guests, which slows the worker as well and varies by the hour.\n"
         )
         md.append(
             "| series | runs | tokens timed | replayed | missing | tok/s | p50 ms | p90 ms | p99 ms | max ms "
-            "| LLM->pub p99 | pub->client p99 | worker CPU | worker RSS MB |"
+            "| LLM->pub p99 | pub->client p99 | worker CPU | worker RSS MB | machine busy / stolen |"
         )
-        md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         rows_lat = [("first run", lv) for lv in latency["levels"]]
         rows_lat += [("follow-up", lv) for lv in (follow or {}).get("levels", [])]
         rows_lat += [("first run, start storm", lv) for lv in (storm or {}).get("levels", [])]
@@ -461,7 +463,8 @@ def main() -> None:
                 f"{fmt(lv['p90_ms'], '', 2)} | {fmt(lv['p99_ms'], '', 1)} | {fmt(lv['max_ms'], '', 0)} | "
                 f"{fmt(lv.get('llm_to_publish_p99_ms'), '', 1)} | "
                 f"{fmt(lv.get('publish_to_client_p99_ms'), '', 1)} | "
-                f"{fmt(lv['worker_cpu_pct'], '%', 0)} | {fmt(lv['worker_rss_mb'], '', 0)} |"
+                f"{fmt(lv['worker_cpu_pct'], '%', 0)} | {fmt(lv['worker_rss_mb'], '', 0)} | "
+                f"{fmt(lv.get('machine_busy_pct'), '%', 0)} / {fmt(lv.get('machine_steal_pct'), '%', 0)} |"
             )
         if plot(latency, HERE / "latency.png", follow):
             md.append("\n![latency percentiles against concurrency](latency.png)\n")

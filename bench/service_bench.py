@@ -76,6 +76,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu() -> tuple[int, int, int]:
+    """The machine's CPU time since boot from /proc/stat: (total, idle + iowait, steal), in ticks."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(fields), fields[3] + fields[4], fields[7]
+
+
+def machine_share(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
+    """Busy and stolen percent of all the machine's cores between two ``machine_cpu()`` readings.
+
+    Steal is time the hypervisor gave to other guests while this one wanted to run: on a shared
+    host it slows every process here, the worker included, and moves latency from run to run.
+    """
+    total = max(1, after[0] - before[0])
+    return {
+        "machine_busy_pct": 100 * (total - (after[1] - before[1]) - (after[2] - before[2])) / total,
+        "machine_steal_pct": 100 * (after[2] - before[2]) / total,
+    }
+
+
 class Stack:
     """The fake LLM and N workers as child processes; stopped (by pid) and cleaned up on exit."""
 
@@ -488,6 +507,7 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
         pid, port = stack.pids[0], stack.workers[0][1]
         for concurrency in args.concurrency:
             cpu0, t0, client0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
+            machine0 = machine_cpu()
             deadline = time.monotonic() + args.max_seconds
             level = await _latency_level(
                 port,
@@ -501,6 +521,7 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
             level["worker_cpu_pct"] = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
             level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
             level["worker_rss_mb"] = rss_mb(pid)
+            level.update(machine_share(machine0, machine_cpu()))
             levels.append(level)
             print(
                 f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms; "
@@ -508,7 +529,8 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
                 f"p99 {level['llm_to_publish_p99_ms']:.1f}; "
                 f"publish->client p50 {level['publish_to_client_p50_ms']:.1f} "
                 f"p99 {level['publish_to_client_p99_ms']:.1f}; worker CPU {level['worker_cpu_pct']:.0f}% "
-                f"client CPU {level['client_cpu_pct']:.0f}%",
+                f"client CPU {level['client_cpu_pct']:.0f}%; machine busy {level['machine_busy_pct']:.0f}% "
+                f"stolen {level['machine_steal_pct']:.0f}%",
                 file=sys.stderr,
             )
     return {
