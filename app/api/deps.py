@@ -1,4 +1,8 @@
-"""FastAPI dependencies as ``Annotated`` aliases: the services container and the caller's identity."""
+"""FastAPI dependencies as ``Annotated`` aliases: the services container and the caller's identity.
+
+They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in its
+thread pool, which cost every request two thread hand-offs and the event loop its GIL meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ BEARER = HTTPBearer(
 BearerDoc = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -54,7 +58,7 @@ def _bearer(request: Request) -> str | None:
     return value.strip()
 
 
-def get_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -> str:
+async def get_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -> str:
     if not services.owner_keys:
         # Single-user mode authenticates nothing, so it also refuses nothing: a proxy in front
         # may well send its own Authorization header.
@@ -62,7 +66,7 @@ def get_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -
     return _owner_for(services, _bearer(request))
 
 
-def get_stream_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -> str:
+async def get_stream_owner(request: Request, services: ServicesDep, _documented: BearerDoc) -> str:
     """The stream route also accepts ``?access_token=``: an EventSource cannot set headers."""
     if not services.owner_keys:
         # Single-user mode authenticates nothing, so it also refuses nothing: a proxy in front
