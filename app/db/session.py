@@ -1,14 +1,15 @@
 """The database handle: the async engine, its session factory, and the per-dialect connection setup.
 
 SQLite gets WAL (readers never block the writer), a 5 s busy timeout (several workers on one host
-may share the file) and enforced foreign keys; PostgreSQL gets pre-ping so that a restarted server
-does not fail the first query of every pooled connection.
+may share the file) and enforced foreign keys; PostgreSQL gets a liveness check at every checkout so
+that a restarted server does not fail the first query of every pooled connection (``_check_alive``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import Pool
 
@@ -66,12 +68,48 @@ def create_engine(
         _configure_sqlite(engine, enforce_foreign_keys=enforce_foreign_keys)
         return engine
     if parsed.get_backend_name() == "postgresql":
-        kwargs["pool_pre_ping"] = True
         if poolclass is None:
             # Every active run and open stream borrows connections briefly; SQLAlchemy's default
             # 5 + 10 ran dry at 200 concurrent conversations a worker (docs/reliability.md).
             kwargs.update(pool_size=10, max_overflow=20)
+        engine = create_async_engine(parsed, **kwargs)
+        event.listen(engine.sync_engine, "checkout", _check_alive)
+        return engine
     return create_async_engine(parsed, **kwargs)
+
+
+def _pending_input(driver_connection: Any) -> bool:
+    """Whether the server sent anything (or closed) since the connection went idle; True if unknown.
+
+    An idle PostgreSQL connection receives nothing unless the server is closing it (terminated,
+    restarted: an error message, then EOF) or has news for it (a notice, a parameter change). One
+    ``poll()`` of its socket tells, with no round trip to the server.
+    """
+    transport = getattr(driver_connection, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Pool checkout: hand out only a live connection (SQLAlchemy replaces one that raises this).
+
+    SQLAlchemy's ``pool_pre_ping`` pings on every checkout: a round trip each time, which was about
+    a quarter of a run's database CPU (bench/db_bench.py) and, on a busy event loop, a wait for the
+    loop each time. Here a connection is pinged only when its socket has something to read (the
+    server closing it, mostly); one that the event loop already saw closed is replaced at once.
+    """
+    driver = dbapi_connection.driver_connection
+    if driver.is_closed():
+        raise DisconnectionError("the server closed this connection")
+    if _pending_input(driver):
+        try:
+            dbapi_connection.ping()
+        except Exception as exc:
+            raise DisconnectionError(f"the connection failed its ping: {exc!r}") from exc
 
 
 def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 
 from app.db.session import Database
 from tests.integration.conftest import PostgresServer, run_in_own_loop
@@ -75,5 +76,42 @@ async def test_postgres_pool_survives_the_server_closing_its_connections(
 
         async with db.sessionmaker() as session:
             assert await session.scalar(text("SELECT 1")) == 1
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_checkout_pings_only_a_connection_the_server_spoke_on(
+    postgres_server: PostgresServer, postgres_migrated_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pings: list[object] = []
+    real_ping = AsyncAdapt_asyncpg_connection.ping
+
+    def counted_ping(self: AsyncAdapt_asyncpg_connection) -> None:
+        pings.append(self)
+        real_ping(self)
+
+    monkeypatch.setattr(AsyncAdapt_asyncpg_connection, "ping", counted_ping)
+    database_name = postgres_migrated_database
+    db = Database(postgres_server.async_url(database_name))
+    try:
+        for _ in range(5):  # an idle, healthy connection: checked out without a round trip
+            async with db.sessionmaker() as session:
+                pid = await session.scalar(text("SELECT pg_backend_pid()"))
+        assert pings == []
+
+        # The server ends that backend: the connection has an error and EOF to read.
+        async def terminate() -> bool:
+            conn = await asyncpg.connect(postgres_server.dsn(database_name))
+            try:
+                return bool(await conn.fetchval("SELECT pg_terminate_backend($1)", pid))
+            finally:
+                await conn.close()
+
+        assert run_in_own_loop(terminate)
+        async with db.sessionmaker() as session:
+            assert await session.scalar(text("SELECT pg_backend_pid()")) != pid
+        # Replaced after one ping (or none, had the event loop already seen the connection close).
+        assert len(pings) <= 1
     finally:
         await db.dispose()
