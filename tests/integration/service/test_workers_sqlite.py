@@ -109,9 +109,7 @@ def test_without_redis_a_run_left_running_by_a_crashed_worker_is_closed_by_the_n
         # Without Redis the bus dies with the worker: what it had not stored yet (at most one store
         # interval's worth) is lost though its clients saw it (docs/reliability.md). The kill comes
         # once what this client saw is stored, so the test is about the reaper, not that window.
-        wait_until(
-            lambda: len(api.events(run_id)) >= len(before), what="the events the client saw, stored"
-        )
+        wait_until(lambda: len(api.events(run_id)) >= len(before), what="the events the client saw, stored")
         crashing.kill()
 
     # The next worker (in this process: it shares nothing with the dead one but the file).
