@@ -58,6 +58,7 @@ class _ToolCallReply(FakeReply):
     """A tool-call reply whose call id is unique across the run (the Agents SDK rejects reused ids)."""
 
     __slots__ = ("call_id",)
+    call_id: str
 
     def _tool_calls_json(self) -> list[dict[str, Any]]:
         calls = super()._tool_calls_json()
