@@ -38,8 +38,9 @@ _events: Table = RunEvent.__table__  # type: ignore[assignment]
 
 # The statements of a run's life (start, stream, finish), built once on the tables. Built per call
 # through the ORM, the statement's construction, its cache key and the unit of work's flush cost
-# more of the worker's CPU than executing it: about 16 ms per run in all on SQLite, against ~6 now
-# (bench/NOTES.md). An UPDATE or INSERT without values() sets the columns its parameters name.
+# more of the worker's CPU than executing it: a run's database work took 15 ms of user CPU on
+# SQLite and 13.5 on PostgreSQL that way, 9 and 8.5 now (bench/db_bench.py, in RESULTS.md's
+# optimisations). An UPDATE or INSERT without values() sets the columns its parameters name.
 _CONVERSATION_OF_OWNER = select(_conversations).where(
     _conversations.c.id == bindparam("b_id"), _conversations.c.owner == bindparam("b_owner")
 )
