@@ -105,11 +105,15 @@ class _Subscription:
         self.conversation_id = conversation_id
         self.key = key
         self.key_bulk = bulk(key)
+        self._move_to(position)
+        self.followers: set[_Follower] = set()
+
+    def _move_to(self, position: str) -> None:
         # Id of the last entry handed to followers; a follower that joins now gets all after it.
+        # Kept parsed (to compare) and in RESP form (the reader's XREAD) as well.
         self.position = position
         self.position_key = parse_cursor(position)
         self.position_bulk = bulk(position)
-        self.followers: set[_Follower] = set()
 
     def deliver(self, events: list[StoredEvent], limit: int) -> None:
         if parse_cursor(events[0].id) <= self.position_key:
@@ -117,9 +121,7 @@ class _Subscription:
             events = [e for e in events if parse_cursor(e.id) > self.position_key]
             if not events:
                 return
-        self.position = events[-1].id
-        self.position_key = parse_cursor(self.position)
-        self.position_bulk = bulk(self.position)
+        self._move_to(events[-1].id)
         n = len(events)
         for follower in list(self.followers):
             if follower.size + n > limit:

@@ -103,7 +103,7 @@ class RespConnection:
             )
         self._reader, self._writer = reader, writer
         self._parser = hiredis.Reader(encoding="utf-8", replyError=ResponseError)
-        handshake: list[Command | bytes] = []
+        handshake: list[Command] = []
         if options.get("password"):
             if options.get("username"):
                 handshake.append(("AUTH", options["username"], options["password"]))
