@@ -95,6 +95,46 @@ def machine_share(before: tuple[int, int, int], after: tuple[int, int, int]) -> 
     }
 
 
+def probe_env(path: Path) -> dict[str, str]:
+    """Environment that turns on bench/probe in a worker, its records going to ``path``."""
+    search = [str(ROOT / "bench" / "probe"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(search), "BENCH_PROBE_OUT": str(path)}
+
+
+def probe_summary(path: Path, start: float, end: float) -> dict[str, Any]:
+    """The probe's records between ``start`` and ``end`` (unix time): the event loop's lag and the
+    collector's passes (bench/probe/sitecustomize.py)."""
+    lags: list[float] = []
+    passes: dict[int, list[tuple[float, int]]] = {0: [], 1: [], 2: []}
+    for line in path.read_text().splitlines() if path.exists() else ():
+        fields = line.split()
+        if len(fields) < 3 or not start <= float(fields[0]) <= end:
+            continue
+        if fields[1] == "lag":
+            lags.append(float(fields[2]))
+        elif fields[1] == "gc" and len(fields) == 5:
+            passes[int(fields[2])].append((float(fields[3]), int(fields[4])))
+    summary: dict[str, Any] = {
+        "loop_lag_ms": {
+            "p50": percentile(lags, 0.5),
+            "p90": percentile(lags, 0.9),
+            "max": max(lags, default=float("nan")),
+        }
+    }
+    for generation, rows in passes.items():
+        times = [ms for ms, _ in rows]
+        objects = [n for _, n in rows if n >= 0]
+        summary[f"gc{generation}"] = {
+            "passes": len(rows),
+            "ms_total": sum(times),
+            "ms_max": max(times, default=0.0),
+            "passes_over_3ms": sum(ms > 3 for ms in times),
+            "objects_p50": round(percentile(objects, 0.5)) if objects else None,
+            "objects_max": max(objects, default=None),
+        }
+    return summary
+
+
 class Stack:
     """The fake LLM and N workers as child processes; stopped (by pid) and cleaned up on exit."""
 
@@ -502,12 +542,15 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
     ]
     levels = []
     profile = (args.py_spy, args.profile) if args.profile and args.have_py_spy else None
-    async with Stack(fake, db=args.db, profile=profile) as stack:
+    probe_dir = tempfile.TemporaryDirectory(prefix="agentstream-probe-")
+    probe = Path(probe_dir.name) / "probe.txt"
+    env = probe_env(probe) if args.probe else None
+    async with Stack(fake, db=args.db, profile=profile, env=env) as stack:
         database = stack.database
         pid, port = stack.pids[0], stack.workers[0][1]
         for concurrency in args.concurrency:
             cpu0, t0, client0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
-            machine0 = machine_cpu()
+            machine0, wall0 = machine_cpu(), time.time()
             deadline = time.monotonic() + args.max_seconds
             level = await _latency_level(
                 port,
@@ -522,6 +565,8 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
             level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
             level["worker_rss_mb"] = rss_mb(pid)
             level.update(machine_share(machine0, machine_cpu()))
+            if args.probe:
+                level["probe"] = probe_summary(probe, wall0, time.time())
             levels.append(level)
             print(
                 f"  latency c={concurrency}: p50 {level['p50_ms']:.2f} ms p99 {level['p99_ms']:.2f} ms; "
@@ -533,6 +578,20 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
                 f"stolen {level['machine_steal_pct']:.0f}%",
                 file=sys.stderr,
             )
+            if args.probe:
+                found = level["probe"]
+                lag = found["loop_lag_ms"]
+                print(
+                    f"    loop lag p50 {lag['p50']:.1f} p90 {lag['p90']:.1f} max {lag['max']:.1f} ms; "
+                    + "; ".join(
+                        f"gc{g}: {found[f'gc{g}']['passes']} passes, {found[f'gc{g}']['passes_over_3ms']} "
+                        f"over 3 ms, max {found[f'gc{g}']['ms_max']:.1f} ms, "
+                        f"objects p50 {found[f'gc{g}']['objects_p50']} max {found[f'gc{g}']['objects_max']}"
+                        for g in (0, 1, 2)
+                    ),
+                    file=sys.stderr,
+                )
+    probe_dir.cleanup()
     return {
         "scenario": "latency",
         "tokens_per_run": args.tokens,
@@ -708,6 +767,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--steady",
         action="store_true",
         help="users arrive over one run's length, with an untimed run before and after the timed ones",
+    )
+    lat.add_argument(
+        "--probe",
+        action="store_true",
+        help="probe the worker's event-loop lag and collection passes (bench/probe); adds their cost",
     )
     lat.add_argument("--py-spy", default=str(ROOT / "bench/.venv-peers/bin/py-spy"))
     t = sub.add_parser("throughput")
