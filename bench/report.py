@@ -252,6 +252,7 @@ def main() -> None:
     latency = load(out, "latency.json")
     follow = load(out, "latency_followups.json")
     storm = load(out, "latency_storm.json")
+    on_pg = load(out, "latency_postgres.json")
     intake = load(out, "intake.json")
     dbw = load(out, "db.json")
     tput = load(out, "throughput.json")
@@ -281,6 +282,7 @@ def main() -> None:
     top_level = latency["levels"][-1] if latency and latency.get("levels") else None
     top_follow = follow["levels"][-1] if follow and follow.get("levels") else None
     top_storm = storm["levels"][-1] if storm and storm.get("levels") else None
+    top_pg = on_pg["levels"][-1] if on_pg and on_pg.get("levels") else None
     tps = tput["tokens_per_s"] if tput else None
 
     targets = [
@@ -329,6 +331,7 @@ def main() -> None:
         ),
         latency_row("delivery p50 < 5 ms, p99 < 25 ms at {n} runs (steady load, first runs)", top_level),
         latency_row("same, follow-up runs at {n} runs", top_follow),
+        latency_row("same, first runs at {n} runs on PostgreSQL", top_pg),
         latency_row("start storm: {n} runs started within 1 s", top_storm, judged=False),
         (
             "5",
@@ -474,6 +477,14 @@ def main() -> None:
             "stolen`: all cores of the machine during the level, from /proc/stat; stolen is time the "
             "hypervisor gave to other guests, which slows the worker as well and varies by the hour.\n"
         )
+        if on_pg and on_pg.get("levels"):
+            md.append(
+                "The PostgreSQL series is the first-run steady load again with the worker on "
+                f"{on_pg['database']} (the database of the multi-worker setup; asyncpg runs on the "
+                "worker's event-loop thread, where aiosqlite has a thread of its own).\n"
+            )
+        elif on_pg:
+            md.append(f"PostgreSQL series: {on_pg.get('error', 'no levels')}.\n")
         md.append(
             "| series | runs | tokens timed | replayed | missing | tok/s | p50 ms | p90 ms | p99 ms | max ms "
             "| LLM->pub p99 | pub->client p99 | worker CPU | worker RSS MB | machine busy / stolen |"
@@ -481,6 +492,7 @@ def main() -> None:
         md.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         rows_lat = [("first run", lv) for lv in latency["levels"]]
         rows_lat += [("follow-up", lv) for lv in (follow or {}).get("levels", [])]
+        rows_lat += [("first run, PostgreSQL", lv) for lv in (on_pg or {}).get("levels", [])]
         rows_lat += [("first run, start storm", lv) for lv in (storm or {}).get("levels", [])]
         for series, lv in rows_lat:
             md.append(
