@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.db.errors import ConversationNotFoundError, InvalidCursorError, RunActiveError
 from app.db.models import RUN_STATUSES, Conversation, Message, Run, RunEvent, utcnow
 from app.llm.base import ChatMessage, Role, ToolCall
-from app.streaming.bus import StoredEvent, parse_cursor
+from app.streaming.bus import StoredEvent, later_cursor, parse_cursor
 
 FINAL_STATUSES = frozenset(RUN_STATUSES) - {"running"}
 
@@ -65,6 +65,12 @@ _LATEST_RUN = (
     .limit(1)
 )
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
+_SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
+_EVENT_STORED = select(_events.c.id).where(
+    _events.c.conversation_id == bindparam("b_conversation"),
+    _events.c.cursor_ms == bindparam("b_ms"),
+    _events.c.cursor_seq == bindparam("b_seq"),
+)
 _LAST_EVENT_ID = (
     select(_events.c.id)
     .where(_events.c.conversation_id == bindparam("b_conversation"))
@@ -249,6 +255,25 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
+def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
+    ms, seq = _event_cursor(stored.id)
+    return {
+        "conversation_id": conversation_id,
+        "cursor_ms": ms,
+        "cursor_seq": seq,
+        "run_id": stored.run_id,
+        "id": stored.id,
+        "event": stored.event,
+        "data": stored.data,
+    }
+
+
+async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+    """Insert event rows in the caller's transaction, skipping ids already stored."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    await session.execute(insert(_events).on_conflict_do_nothing(), rows)
+
+
 def _event_record(row: Any) -> StoredEvent:
     return StoredEvent(id=row.id, event=row.event, data=row.data, run_id=row.run_id)
 
@@ -416,6 +441,12 @@ class RunRepo:
         the question: one write, and a history that is exactly what came before this run.
         Returns the run and that history.
 
+        The run's ``start_cursor`` is the later of ``start_cursor`` (what the bus held) and the
+        conversation's last stored event, read after the insert: a previous run's ``done`` is
+        stored in the transaction that closed it (``finish``), and this insert can only succeed
+        once that close is committed, so the new run's events come after that done, however
+        late the done reaches the bus.
+
         Raises ``RunActiveError`` if a run of the conversation is running (the partial unique index
         decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
         the conversation does not exist.
@@ -424,6 +455,11 @@ class RunRepo:
         try:
             async with self._sessionmaker.begin() as session:
                 await session.execute(insert(_runs), row)  # the one-running-run index decides here
+                stored_last = await session.scalar(_LAST_EVENT_ID, {"b_conversation": conversation_id})
+                cursor = later_cursor(start_cursor, stored_last)
+                if cursor != start_cursor:
+                    row["start_cursor"] = cursor
+                    await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
                 if prior:
                     await _append_messages(session, conversation_id, None, prior)
                 history = await _history(session, conversation_id)
@@ -460,19 +496,22 @@ class RunRepo:
         pending_injections: list[str],
         messages: Sequence[ChatMessage] = (),
         conversation_id: str | None = None,
+        done: StoredEvent | None = None,
     ) -> bool:
         """Close the run if it is still running; False if someone else closed it first.
 
         ``messages`` (what the run added to conversation ``conversation_id``) are stored in the
-        same transaction, whether or not the run was still running.
+        same transaction, whether or not the run was still running. ``done`` (the run's last
+        event, from ``RunPublisher.stamp``) is stored with the close, so that a closed run always
+        has its done in the log and the next run of the conversation starts after it
+        (``start``). A retry of a close whose commit went through but whose answer was lost
+        finds its done stored and returns True again.
         """
         if status not in FINAL_STATUSES:
             raise ValueError(f"a run cannot finish as {status!r}")
-        if messages and conversation_id is None:
-            raise ValueError("messages need their conversation_id")
+        if (messages or done is not None) and conversation_id is None:
+            raise ValueError("messages and done need their conversation_id")
         async with self._sessionmaker.begin() as session:
-            if messages and conversation_id is not None:
-                await _append_messages(session, conversation_id, run_id, messages)
             result = await session.execute(
                 _FINISH_RUN,
                 {
@@ -488,7 +527,18 @@ class RunRepo:
                     "finished_at": utcnow(),
                 },
             )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+            closed = bool(result.rowcount)  # type: ignore[attr-defined]
+            if conversation_id is not None:
+                if done is not None and not closed:
+                    ms, seq = _event_cursor(done.id)
+                    params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
+                    if await session.scalar(_EVENT_STORED, params) == done.id:
+                        return True  # this very close, committed by an earlier attempt
+                if messages:
+                    await _append_messages(session, conversation_id, run_id, messages)
+                if done is not None and closed:
+                    await _insert_events(session, [_event_row(conversation_id, done)])
+        return closed
 
     async def renew_leases(self, run_ids: Sequence[str], worker_id: str, lease_s: float) -> None:
         """Extend the leases of those of ``run_ids`` still running on ``worker_id``."""
@@ -567,20 +617,7 @@ class EventRepo:
         """
         if not events:
             return
-        rows = []
-        for stored in events:
-            ms, seq = _event_cursor(stored.id)
-            rows.append(
-                {
-                    "conversation_id": conversation_id,
-                    "cursor_ms": ms,
-                    "cursor_seq": seq,
-                    "run_id": stored.run_id,
-                    "id": stored.id,
-                    "event": stored.event,
-                    "data": stored.data,
-                }
-            )
+        rows = [_event_row(conversation_id, stored) for stored in events]
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         # A caller cancelled meanwhile leaves its outcome unread: read it here, quietly.
@@ -639,8 +676,7 @@ class EventRepo:
 
     async def _insert(self, rows: list[dict[str, Any]]) -> None:
         async with self._sessionmaker.begin() as session:
-            insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-            await session.execute(insert(RunEvent).on_conflict_do_nothing(), rows)
+            await _insert_events(session, rows)
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""

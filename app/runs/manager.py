@@ -29,8 +29,8 @@ from app.errors import NoActiveRunError, RunActiveConflict, ShuttingDownError
 from app.llm.base import LLM, ChatMessage
 from app.observability import Metrics, conversation_id_var, run_id_var
 from app.settings import Settings
-from app.streaming.bus import ZERO_CURSOR, EventBus, StoredEvent, parse_cursor
-from app.streaming.publisher import RunPublisher
+from app.streaming.bus import EventBus, StoredEvent, later_cursor
+from app.streaming.publisher import EventPersistError, RunPublisher
 from app.tools.registry import ToolRegistry
 
 log = logging.getLogger("app.runs")
@@ -73,14 +73,6 @@ class _ActiveRun:
 def follow_up_messages(contents: list[str]) -> list[ChatMessage]:
     """Follow-ups no loop took in, kept as pinned user messages so the next run sees them."""
     return [ChatMessage(role="user", content=c, pinned=True) for c in contents]
-
-
-def later_cursor(a: str | None, b: str | None) -> str:
-    if a is None:
-        return b or ZERO_CURSOR
-    if b is None:
-        return a
-    return a if parse_cursor(a) >= parse_cursor(b) else b
 
 
 class RunManager:
@@ -174,16 +166,19 @@ class RunManager:
         if not self._accepting:
             raise ShuttingDownError("this worker is shutting down; retry on another worker")
         conv_id = conversation.id
-        start_cursor = await self.last_cursor(conv_id)
+        bus_last: str | None = None
+        with contextlib.suppress(Exception):
+            bus_last = await self.bus.last_id(conv_id)
         try:
-            # One transaction: the run, the earlier turns, the history they make, the question.
+            # One transaction: the run, the earlier turns, the history they make, the question;
+            # the start cursor is settled there too, after the previous run's stored done.
             run, history = await self.runs.start(
                 conv_id,
                 conversation.owner,
                 message,
                 worker_id=self.worker_id,
                 lease_s=self.settings.run_lease_s,
-                start_cursor=start_cursor,
+                start_cursor=later_cursor(bus_last, None),
                 prior=prior,
             )
         except RunActiveError as exc:
@@ -195,7 +190,7 @@ class RunManager:
         self.metrics.runs_started.inc()
         self.metrics.active_runs.inc()
         active.task = asyncio.create_task(
-            self._execute(active, conversation, message, history, start_cursor), name=f"run-{run.id}"
+            self._execute(active, conversation, message, history, run.start_cursor), name=f"run-{run.id}"
         )
         return run
 
@@ -383,6 +378,15 @@ class RunManager:
                 error=error,
                 pending_injections=tuple(pending),
             )
+        # The done is stored in the transaction that closes the run: the next run of the
+        # conversation cannot start before that commit, and starts after this done (RunRepo.start).
+        # Everything published before it is stored first, so the log never has a done ahead of
+        # the events it ends.
+        try:
+            await publisher.flush()
+        except EventPersistError as exc:
+            log.error("closing the run with events missing from the log", extra={"error": str(exc)})
+        done_event = publisher.stamp(done)
         finished = await _while_unreachable(
             lambda: self.runs.finish(
                 active.run_id,
@@ -395,10 +399,11 @@ class RunManager:
                 pending_injections=list(pending),
                 messages=new_messages,
                 conversation_id=conv_id,
+                done=done_event,
             )
         )
         if finished:
-            await publisher.publish(done)
+            await publisher.publish_stored(done_event)
             self.metrics.runs.labels(done.status).inc()
             log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
         else:
@@ -456,21 +461,9 @@ class RunManager:
         elapsed = max(0.0, time.time() - run.created_at.timestamp())
         await self._salvage_events(run)
         answer, iterations = _progress(await self.events.for_run(run.id))
-        finished = await self.runs.finish(
-            run.id,
-            status="failed",
-            answer=answer,
-            iterations=iterations,
-            usage=Usage().as_dict(),
-            elapsed=elapsed,
-            error=error,
-            pending_injections=[],
-        )
-        if not finished:
-            return False
+        # Follow-ups the lost run never took stay in the conversation (stored with the close,
+        # or beside another closer's) and are named in the done.
         pending = await self.interrupt_queue(run.conversation_id).drain()
-        if pending:
-            await self.conversations.add_messages(run.conversation_id, run.id, follow_up_messages(pending))
         publisher = RunPublisher(
             self.bus,
             self.events,
@@ -481,7 +474,7 @@ class RunManager:
             on_published=self._count_published,
             permanent_store_errors=(ConversationNotFoundError,),
         )
-        await publisher.publish(
+        done = publisher.stamp(
             RunDone(
                 answer=answer,
                 iterations=iterations,
@@ -492,6 +485,22 @@ class RunManager:
                 pending_injections=tuple(pending),
             )
         )
+        finished = await self.runs.finish(
+            run.id,
+            status="failed",
+            answer=answer,
+            iterations=iterations,
+            usage=Usage().as_dict(),
+            elapsed=elapsed,
+            error=error,
+            pending_injections=pending,
+            messages=follow_up_messages(pending),
+            conversation_id=run.conversation_id,
+            done=done,
+        )
+        if not finished:
+            return False
+        await publisher.publish_stored(done)
         await publisher.close()
         self.metrics.runs.labels("failed").inc()
         log.warning(

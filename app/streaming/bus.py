@@ -27,6 +27,15 @@ def format_cursor(ms: int, seq: int) -> str:
     return f"{ms}-{seq}"
 
 
+def later_cursor(a: str | None, b: str | None) -> str:
+    """The later of two cursors, either of which may be missing (``ZERO_CURSOR`` if both are)."""
+    if a is None:
+        return b or ZERO_CURSOR
+    if b is None:
+        return a
+    return a if parse_cursor(a) >= parse_cursor(b) else b
+
+
 def next_cursor(last: str | None, now_ms: int) -> str:
     """The smallest cursor after ``last`` that is not earlier than ``now_ms``."""
     if last is None:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import orjson
 
-from app.engine.events import AnswerDelta, EngineEvent, RunDone
+from app.engine.events import AnswerDelta, EngineEvent
 from app.streaming.bus import EventBus, EventOrderError, StoredEvent, next_cursor, parse_cursor
 
 log = logging.getLogger("app.streaming.publisher")
@@ -128,6 +128,7 @@ class RunPublisher:
         self._pending_since = 0.0
         self._sending = False
         self._to_store: list[StoredEvent] = []
+        self._stored_by_caller: set[str] = set()
         self._saving = False
         self._stored_any = False
         self._bus_wake = asyncio.Event()
@@ -167,14 +168,35 @@ class RunPublisher:
                 return None
             self._queue(_PendingDelta(*self._next_id(), event.content, eager))
             return None
+        stored = self.stamp(event)
+        self._queue_event(stored)
+        return stored
+
+    def stamp(self, event: EngineEvent) -> StoredEvent:
+        """``event`` as it will be stored, with its id (taken now) and its encoded payload, but not
+        queued: for an event the caller stores itself and then hands to ``publish_stored()``, as
+        the run manager does with a run's ``done`` (stored in the transaction that closes the run).
+        Publish nothing else in between: this id comes before theirs."""
+        if self._closing:
+            raise PublisherClosedError(f"publisher of run {self.run_id} is closed")
         event_id, prev = self._next_id()
-        stored = StoredEvent(event_id, event.channel, self._encode(event), self.run_id, prev)
-        if isinstance(event, RunDone):
+        return StoredEvent(event_id, event.channel, self._encode(event), self.run_id, prev)
+
+    async def publish_stored(self, stored: StoredEvent) -> None:
+        """Queue ``stored`` (from ``stamp()``), which the caller has stored: to the bus only."""
+        if self._closing:
+            raise PublisherClosedError(f"publisher of run {self.run_id} is closed")
+        if self._bus_task is None:
+            self._start()
+        self._stored_by_caller.add(stored.id)
+        self._queue_event(stored)
+
+    def _queue_event(self, stored: StoredEvent) -> None:
+        if stored.is_done:
             self._done_published = True
             self._urgent = True
             self._end_store_wait()
         self._queue(stored)
-        return stored
 
     async def flush(self) -> None:
         """Wait until everything published so far is on the bus (or given up) and in the store."""
@@ -263,6 +285,13 @@ class RunPublisher:
             out.append(item)  # type: ignore[arg-type]
         return out
 
+    def _to_store_later(self, batch: list[StoredEvent]) -> None:
+        if self._stored_by_caller:
+            batch = [event for event in batch if event.id not in self._stored_by_caller]
+        if batch:
+            self._to_store.extend(batch)
+            self._store_wake.set()
+
     def _flushed(self) -> bool:
         bus_idle = (not self._pending and not self._sending) or self._bus_given_up
         store_idle = (not self._to_store and not self._saving) or self._store_error is not None
@@ -319,8 +348,7 @@ class RunPublisher:
             self._sending = True
             batch = self._take()
             if self._store_error is None:
-                self._to_store.extend(batch)
-                self._store_wake.set()
+                self._to_store_later(batch)
                 if any(event.is_done for event in batch):
                     # A client that sees done may read the run's events from the database next
                     # (GET /api/runs/{id}/events): they must all be there by then.
@@ -384,8 +412,7 @@ class RunPublisher:
             return []
         more = self._take()
         if self._store_error is None:
-            self._to_store.extend(more)
-            self._store_wake.set()
+            self._to_store_later(more)
             if any(event.is_done for event in more):
                 await self._store_caught_up()  # as in _send_forever: done after everything else
         return more

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.db.errors import ConversationNotFoundError, RunActiveError
-from app.db.repositories import ConversationRecord, ConversationRepo, RunRecord, RunRepo
+from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.session import Database
 from app.llm.base import ChatMessage
+from app.streaming.bus import ZERO_CURSOR, StoredEvent
 
 
 @pytest.fixture
@@ -335,3 +336,76 @@ async def test_finish_stores_the_runs_messages_with_the_close(
         ("a", run.id, False),
         ("note", run.id, True),
     ]
+
+
+def done_event(event_id: str, run_id: str, prev: str | None = None) -> StoredEvent:
+    return StoredEvent(event_id, "done", f'{{"status":"completed","run_id":"{run_id}"}}', run_id, prev)
+
+
+async def close_with_done(
+    runs: RunRepo, run: RunRecord, done: StoredEvent, messages: list[ChatMessage] | None = None
+) -> bool:
+    return await runs.finish(
+        run.id,
+        status="completed",
+        answer="a",
+        iterations=1,
+        usage={},
+        elapsed=0.1,
+        error=None,
+        pending_injections=[],
+        messages=messages or [],
+        conversation_id=run.conversation_id,
+        done=done,
+    )
+
+
+async def test_finish_stores_its_done_with_the_close_and_a_losing_finish_stores_none(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    events = EventRepo(database.sessionmaker)
+    run = await start(runs, conv)
+    first = done_event("1000-0", run.id)
+
+    assert await close_with_done(runs, run, first) is True
+    assert await close_with_done(runs, run, done_event("2000-0", run.id)) is False
+
+    assert await events.read_after(conv.id, ZERO_CURSOR) == [first]
+
+
+async def test_a_retried_finish_whose_close_was_committed_is_true_and_stores_nothing_twice(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    """The close committed but its answer was lost (the connection broke): the retry sees its own
+    done stored and reports the close as its own, without a second copy of the run's messages."""
+    run = await start(runs, conv)
+    done = done_event("1000-0", run.id)
+    said = [ChatMessage(role="assistant", content="a")]
+
+    assert await close_with_done(runs, run, done, said) is True
+    assert await close_with_done(runs, run, done, said) is True
+
+    stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
+    assert [m.content for m in stored] == ["hello", "a"]
+    assert await EventRepo(database.sessionmaker).read_after(conv.id, ZERO_CURSOR) == [done]
+
+
+async def test_a_new_run_starts_after_the_previous_runs_done_even_if_the_bus_had_not_got_it(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    first = await start(runs, conv)
+    assert await close_with_done(runs, first, done_event("1000-4", first.id))
+
+    # What the bus held when the next run was asked for: the event before that done.
+    second, _ = await runs.start(
+        conv.id, conv.owner, "again", worker_id="w1", lease_s=30, start_cursor="1000-3"
+    )
+    assert second.start_cursor == "1000-4"
+    assert await runs.get_any(second.id) == second
+    assert await finish(runs, second.id)
+
+    # A bus ahead of the database (events not stored yet) keeps its own cursor.
+    third, _ = await runs.start(
+        conv.id, conv.owner, "more", worker_id="w1", lease_s=30, start_cursor="2000-0"
+    )
+    assert third.start_cursor == "2000-0" and (await runs.get_any(third.id)) == third

@@ -137,9 +137,9 @@ async def _nothing_more(services: Services, conversation_id: str, cursor: str) -
         return False
     if await _first_after(services, conversation_id, cursor) is not None:
         return False
-    # A run's row is closed a moment before its done is published (app.runs.manager): a cursor at
-    # an event just before that done must wait for it. Long after the close, a done that never
-    # came will not come any more.
+    # A run's done is stored with its close (RunRepo.finish), so it is found above; this is for
+    # a done stored late (a worker of an earlier version closed the row first and published the
+    # done after). Long after the close, a done that never came will not come any more.
     latest = await services.runs.latest(conversation_id)
     if latest is None or latest.finished_at is None:
         return True

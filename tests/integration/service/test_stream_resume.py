@@ -6,7 +6,10 @@ OpenAI server streaming a long answer token by token.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -234,3 +237,48 @@ def test_a_reconnect_between_a_runs_close_and_its_done_waits_for_the_done_rather
         rest = stream.read()
     assert [e.event for e in rest] == ["done"]
     assert rest[0].data["status"] == "failed"
+
+
+@STACKS
+def test_a_run_started_between_the_previous_runs_close_and_its_done_streams_only_its_own_events(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client polling the run's status may start the next run the moment the first run's row is
+    closed, before that run's done has reached the bus. The new run's stream starts after that
+    done: it must not end at it, and the done must not land among the new run's events."""
+    agent = gated_llm.play(GatedAgent(tokens=30, delay_s=0.01))
+    closed, release = threading.Event(), threading.Event()
+    held: list[str] = []
+    finish = RunRepo.finish
+
+    async def finish_then_hold(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
+        result = await finish(self, run_id, **kwargs)
+        if not held:  # the first close only: its done waits until the test lets it go
+            held.append(run_id)
+            closed.set()
+            await asyncio.to_thread(release.wait, 10)
+        return result
+
+    monkeypatch.setattr(RunRepo, "finish", finish_then_hold)
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    first = api.start_run(conv, "one")
+    try:
+        assert closed.wait(10), "the first run never closed"
+        assert api.run(first)["status"] == "completed"
+        second = api.start_run(conv, "two")
+        with api.stream(conv) as stream:
+            release.set()
+            received = stream.read(until=lambda e: e.event == "done")
+    finally:
+        release.set()
+
+    assert {e.data["run_id"] for e in received} == {second}
+    assert received[-1].event == "done" and received[-1].data["answer"] == agent.answer
+    assert as_stored(received) == api.wait_stored(second)
+    first_events = api.wait_stored(first)
+    assert first_events[-1]["event"] == "done" and first_events[-1]["data"]["answer"] == agent.answer

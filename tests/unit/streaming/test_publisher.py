@@ -295,3 +295,21 @@ async def test_each_event_names_the_one_before_it_starting_from_the_run_start_cu
     deltas = [orjson.loads(e.data) for e in on_bus[1:-1]]
     assert "".join(d["content"] for d in deltas) == "abc" and len(deltas) < 3
     assert [e.prev for e in on_bus] == ["1700000000000-4", *[e.id for e in on_bus[:-1]]]
+
+
+async def test_a_stamped_event_takes_the_next_id_and_publish_stored_sends_it_to_the_bus_only() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, last_id="5-0")
+    step = await pub.publish(ThinkingStarted(iteration=1))
+    await pub.flush()
+
+    done = pub.stamp(run_done("42"))
+    assert not (await bus.read_after(CONV, step.id if step else "0-0"))  # stamped, not sent
+    await pub.publish_stored(done)
+    await pub.close()
+
+    assert step is not None and done.prev == step.id and parse_cursor(done.id) > parse_cursor(step.id)
+    assert [e.id for e in await bus.read_after(CONV, "0-0")] == [step.id, done.id]
+    assert store.all(CONV) == [step]  # the caller stored the done itself
+    with pytest.raises(PublisherClosedError):
+        pub.stamp(run_done())
