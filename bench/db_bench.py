@@ -3,8 +3,9 @@
 A run over the HTTP API costs the worker these database operations (in this order): create the
 conversation; read it (POST .../runs checks the owner); start the run (run row, history read and the
 question, one transaction); read the conversation, the running run and the last stored event id
-(opening the stream); finish the run (the answer message and the run's row, one transaction). The
-events themselves are written in group commits shared by all runs and are not counted here.
+(opening the stream); finish the run (the answer message, the run's row and its ``done`` event,
+one transaction). The other events are written in group commits shared by all runs and are not
+counted here.
 
 Runs go one after the other (``--concurrency 1``) or many at once, on SQLite (a file in a temporary
 directory) and on PostgreSQL (a database of its own on 127.0.0.1, dropped at the end). Reports the
@@ -30,9 +31,11 @@ from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
 from app.db.session import Database
 from app.llm.base import ChatMessage
+from app.streaming.bus import StoredEvent
 from bench.service_bench import POSTGRES_URL, _pg_admin
 
 ANSWER = "word " * 200
+DONE_DATA = json.dumps({"answer": ANSWER, "status": "completed", "iterations": 6})
 
 
 async def run_life(conversations: ConversationRepo, runs: RunRepo, events: EventRepo) -> None:
@@ -55,6 +58,7 @@ async def run_life(conversations: ConversationRepo, runs: RunRepo, events: Event
         pending_injections=[],
         messages=[ChatMessage(role="assistant", content=ANSWER)],
         conversation_id=conv.id,
+        done=StoredEvent(f"{time.time_ns() // 1_000_000}-0", "done", DONE_DATA, run.id),
     )
 
 
