@@ -8,6 +8,8 @@ class ServiceError(Exception):
 
     code = "error"
     status = 400
+    headers: tuple[tuple[str, str], ...] = ()
+    """Response headers that go with the error."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -37,8 +39,17 @@ class InvalidInputError(ServiceError):
 class UnauthorizedError(ServiceError):
     code = "unauthorized"
     status = 401
+    headers = (("WWW-Authenticate", "Bearer"),)
 
 
 class ShuttingDownError(ServiceError):
     code = "shutting_down"
     status = 503
+
+
+class FollowUpQueueFullError(ServiceError):
+    """The active run has not taken the follow-ups already waiting (it does at its next step)."""
+
+    code = "too_many_follow_ups"
+    status = 429
+    headers = (("Retry-After", "1"),)

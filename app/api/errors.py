@@ -15,7 +15,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.errors import ConversationNotFoundError, database_unreachable
-from app.errors import ServiceError, UnauthorizedError
+from app.errors import ServiceError
 from app.streaming.bus import BusUnavailableError
 
 log = logging.getLogger("app.api")
@@ -73,8 +73,7 @@ def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, UnauthorizedError) else None
-        return error_response(exc.status, exc.code, exc.message, headers)
+        return error_response(exc.status, exc.code, exc.message, dict(exc.headers) or None)
 
     @app.exception_handler(ConversationNotFoundError)
     async def _conversation_gone(_: Request, exc: ConversationNotFoundError) -> JSONResponse:

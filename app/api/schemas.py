@@ -154,6 +154,7 @@ _ERROR_DESCRIPTIONS = {
     409: "`run_active` (a run is already active) or `no_active_run`",
     413: "`too_large`: the body is over 1,000,000 bytes",
     422: "`invalid_request`: a field or parameter is invalid; the message says which",
+    429: "`too_many_follow_ups`: 100 follow-ups already wait for the active run; retry after `Retry-After`",
     503: "`shutting_down`: this worker takes no new runs; retry (another worker will)",
 }
 

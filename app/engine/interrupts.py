@@ -11,11 +11,21 @@ from typing import Protocol, runtime_checkable
 
 INTERRUPT_MARKER = "[USER INTERRUPT]"
 
+MAX_QUEUED = 100
+"""Most follow-ups one conversation's queue holds until the run takes them (at its next safe point,
+within one iteration). Unbounded, a client could queue without end: every message is held until the
+drain, then sent to the model as one message."""
+
+
+class InterruptQueueFullError(Exception):
+    """``put()`` on a queue that already holds its most follow-ups; nothing was queued."""
+
 
 @runtime_checkable
 class InterruptQueue(Protocol):
     async def put(self, content: str) -> int:
-        """Queue a message; returns how many are queued now."""
+        """Queue a message; returns how many are queued now. Raises ``InterruptQueueFullError``,
+        queueing nothing, if ``MAX_QUEUED`` (or the queue's own limit) are waiting already."""
         ...
 
     async def drain(self) -> list[str]:
@@ -24,12 +34,15 @@ class InterruptQueue(Protocol):
 
 
 class MemoryInterruptQueue:
-    def __init__(self) -> None:
+    def __init__(self, *, limit: int = MAX_QUEUED) -> None:
         self._items: list[str] = []
         self._lock = asyncio.Lock()
+        self._limit = limit
 
     async def put(self, content: str) -> int:
         async with self._lock:
+            if len(self._items) >= self._limit:
+                raise InterruptQueueFullError(f"{self._limit} follow-ups are already waiting")
             self._items.append(content)
             return len(self._items)
 

@@ -24,8 +24,8 @@ from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo,
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import AnswerDelta, EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
 from app.engine.hooks import HookRegistry
-from app.engine.interrupts import InterruptQueue
-from app.errors import NoActiveRunError, RunActiveConflict, ShuttingDownError
+from app.engine.interrupts import InterruptQueue, InterruptQueueFullError
+from app.errors import FollowUpQueueFullError, NoActiveRunError, RunActiveConflict, ShuttingDownError
 from app.llm.base import LLM, ChatMessage
 from app.observability import Metrics, conversation_id_var, run_id_var
 from app.settings import Settings
@@ -210,7 +210,10 @@ class RunManager:
         if run is None:
             raise NoActiveRunError("no run is active in this conversation")
         queue = self.interrupt_queue(conversation.id)
-        queued = await queue.put(content)
+        try:
+            queued = await queue.put(content)
+        except InterruptQueueFullError as exc:
+            raise FollowUpQueueFullError(str(exc)) from exc
         # The run may have finished between the check and the put: then nobody will drain the
         # queue, so keep what is there in the conversation's history rather than lose it.
         latest = await self.runs.get_any(run.id)

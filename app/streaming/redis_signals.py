@@ -21,10 +21,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from app.engine.interrupts import MAX_QUEUED, InterruptQueueFullError
+
 log = logging.getLogger("app.streaming.signals")
 
 CancelCallback = Callable[[str], object]
 """Called with the run id; may return an awaitable, which is awaited."""
+
+
+_PUT_UNLESS_FULL = """
+if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return -1 end
+local count = redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return count
+"""
+"""KEYS[1] the list; ARGV: the message, the limit, the ttl in seconds. -1 when full."""
 
 
 def _text(value: bytes | str) -> str:
@@ -37,16 +48,25 @@ class RedisInterruptQueue:
     The list expires ``ttl_s`` after the last ``put`` so a queue nobody drains does not linger.
     """
 
-    def __init__(self, redis: Redis, prefix: str, conversation_id: str, *, ttl_s: int = 86_400) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        conversation_id: str,
+        *,
+        ttl_s: int = 86_400,
+        limit: int = MAX_QUEUED,
+    ) -> None:
         self._redis = redis
         self._key = f"{prefix}:interrupts:{conversation_id}"
         self._ttl_s = ttl_s
+        self._limit = limit
 
     async def put(self, content: str) -> int:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(self._key, content)
-        pipe.expire(self._key, self._ttl_s)
-        count, _ = await pipe.execute()
+        # One script: the length check and the push are one step for every worker.
+        count = await self._redis.eval(_PUT_UNLESS_FULL, 1, self._key, content, self._limit, self._ttl_s)
+        if int(count) < 0:
+            raise InterruptQueueFullError(f"{self._limit} follow-ups are already waiting")
         return int(count)
 
     async def drain(self) -> list[str]:

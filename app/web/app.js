@@ -547,7 +547,9 @@ dom.interruptForm.addEventListener("submit", async (event) => {
     dom.hint.textContent = `Follow-up queued (${queued} waiting) — the agent reads it at its next step.`;
   } catch (err) {
     if (err instanceof ApiError && err.code === "no_active_run") showToast("The run has already finished.");
-    else reportError(err);
+    else if (err instanceof ApiError && err.code === "too_many_follow_ups") {
+      showToast("Many follow-ups are waiting already; send this one once the agent has read them.");
+    } else reportError(err);
   } finally {
     dom.interruptButton.disabled = false;
   }

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from app.engine.interrupts import InterruptQueue
+from app.engine.interrupts import InterruptQueue, InterruptQueueFullError
 from app.streaming.redis_signals import RedisCancelSignal, RedisInterruptQueue
 from tests.unit.streaming.doubles import wait_until
 
@@ -75,6 +75,39 @@ async def test_concurrent_puts_and_drains_lose_and_repeat_nothing(clients: tuple
     await task
     drained.extend(await consumer.drain())
     assert drained == sent
+
+
+async def test_a_full_queue_refuses_a_put_from_any_client_and_takes_puts_again_once_drained(
+    clients: tuple[Redis, Redis, str],
+) -> None:
+    first, second, prefix = clients
+    one = RedisInterruptQueue(first, prefix, "conv_1", limit=3)
+    other = RedisInterruptQueue(second, prefix, "conv_1", limit=3)
+    assert [await one.put("a"), await other.put("b"), await one.put("c")] == [1, 2, 3]
+
+    for queue in (one, other):
+        with pytest.raises(InterruptQueueFullError):
+            await queue.put("one too many")
+
+    assert await other.drain() == ["a", "b", "c"]
+    assert await one.put("d") == 1
+
+
+async def test_concurrent_puts_never_fill_the_queue_past_its_limit(clients: tuple[Redis, Redis, str]) -> None:
+    first, second, prefix = clients
+    queues = [RedisInterruptQueue(client, prefix, "conv_1", limit=10) for client in (first, second)]
+
+    async def put(n: int) -> bool:
+        try:
+            await queues[n % 2].put(f"m{n}")
+        except InterruptQueueFullError:
+            return False
+        return True
+
+    accepted = await asyncio.gather(*(put(n) for n in range(40)))
+
+    assert sum(accepted) == 10
+    assert len(await queues[0].drain()) == 10
 
 
 async def test_the_interrupt_list_expires_if_nobody_drains_it(clients: tuple[Redis, Redis, str]) -> None:

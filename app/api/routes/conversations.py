@@ -160,7 +160,7 @@ async def start_run(
     "/api/conversations/{conversation_id}/interrupt",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Queued,
-    responses=error_responses(400, 401, 404, 409, 413, 422),
+    responses=error_responses(400, 401, 404, 409, 413, 422, 429),
 )
 async def interrupt(
     conversation_id: IdPath, body: InterruptCreate, services: ServicesDep, owner: OwnerDep

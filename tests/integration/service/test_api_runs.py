@@ -19,6 +19,7 @@ import pytest
 from app.tools.registry import Tool
 from tests.integration.service.conftest import Api, Service, ServiceFactory
 from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.services import REDIS_URL
 from tests.support.sse import SseEvent
 
 # Cancel must stop a run well before any LLM or tool timeout would.
@@ -152,6 +153,32 @@ def test_interrupt_is_202_with_the_queue_length_and_reaches_the_run_as_an_inject
     assert any("also multiply" in str(m.get("content")) for b in later_calls for m in b["messages"])
     assert after.status_code == 409
     assert after.json()["error"]["code"] == "no_active_run"
+
+
+@pytest.mark.parametrize("bus", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_interrupts_beyond_100_waiting_are_429_and_queue_nothing(
+    service: ServiceFactory, fake_llm: FakeOpenAIServer, release: threading.Event, bus: str
+) -> None:
+    fake_llm.script(FakeReply.blocked(release, FakeReply.tool_calls([("calculator", {"expression": "2+3"})])))
+    fake_llm.set_handler(EchoAgentBehaviour())
+    api = service(llm=fake_llm, redis_url=REDIS_URL if bus == "redis" else None).api()
+    conv = api.create_conversation()
+    api.start_run(conv["id"], "add two and three")
+    fake_llm.wait_for_requests(1)
+    path = f"/api/conversations/{conv['id']}/interrupt"
+
+    queued = [api.http.post(path, json={"content": f"note {n}"}) for n in range(100)]
+    refused = api.http.post(path, json={"content": "one too many"})
+    release.set()
+    events = api.stream(conv["id"])
+
+    assert [(r.status_code, r.json()["queued"]) for r in queued] == [(202, n + 1) for n in range(100)]
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_follow_ups"
+    assert refused.headers["Retry-After"] == "1"
+    injected = "".join(e.data["content"] for e in events if e.event == "inject")
+    assert "note 0" in injected and "note 99" in injected and "one too many" not in injected
+    assert events[-1].data["status"] == "completed"
 
 
 def test_interrupt_and_cancel_without_any_run_are_409_no_active_run(alice: Api) -> None:
