@@ -66,7 +66,7 @@ _LATEST_RUN = (
 )
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
 _SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
-_EVENT_STORED = select(_events.c.id).where(
+_EVENT_STORED = select(_events.c.run_id, _events.c.event, _events.c.data).where(
     _events.c.conversation_id == bindparam("b_conversation"),
     _events.c.cursor_ms == bindparam("b_ms"),
     _events.c.cursor_seq == bindparam("b_seq"),
@@ -505,7 +505,8 @@ class RunRepo:
         event, from ``RunPublisher.stamp``) is stored with the close, so that a closed run always
         has its done in the log and the next run of the conversation starts after it
         (``start``). A retry of a close whose commit went through but whose answer was lost
-        finds its done stored and returns True again.
+        finds its very done stored (same id, same bytes) and returns True again; another closer's
+        done, even under the same id, does not count.
         """
         if status not in FINAL_STATUSES:
             raise ValueError(f"a run cannot finish as {status!r}")
@@ -532,7 +533,8 @@ class RunRepo:
                 if done is not None and not closed:
                     ms, seq = _event_cursor(done.id)
                     params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
-                    if await session.scalar(_EVENT_STORED, params) == done.id:
+                    stored = (await session.execute(_EVENT_STORED, params)).first()
+                    if stored is not None and tuple(stored) == (done.run_id, done.event, done.data):
                         return True  # this very close, committed by an earlier attempt
                 if messages:
                     await _append_messages(session, conversation_id, run_id, messages)

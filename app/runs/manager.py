@@ -4,7 +4,8 @@ A run belongs to the worker that started it. The worker renews the run's lease w
 any worker's reaper closes runs whose lease expired (their worker died) as ``failed``. Cancel
 crosses processes through the cancel signal; interrupts through the conversation's queue. On
 shutdown the worker stops taking runs, gives its active runs a grace period, and closes the rest
-as ``failed``. Whatever happens, the run row is finished before its ``done`` event is published.
+as ``failed``. Whatever happens, a run's ``done`` is stored in the transaction that closes its row,
+and reaches the bus after that.
 """
 
 from __future__ import annotations
@@ -360,6 +361,15 @@ class RunManager:
         error: str | None,
     ) -> None:
         conv_id = active.conversation_id
+        # The done is stored in the transaction that closes the run: the next run of the
+        # conversation cannot start before that commit, and starts after this done (RunRepo.start).
+        # Everything published before it is stored first (the bus may lag behind, in an outage),
+        # so that the log never has a done ahead of the events it ends.
+        with contextlib.suppress(EventPersistError):  # the publisher logged it; close all the same
+            await publisher.flush_store()
+        # Drained only now: a follow-up accepted until here (the run still looked active) is
+        # either taken here or, for the moment until the close commits, as before: at most one
+        # transaction's window.
         pending = list(result.pending_injections) if result is not None else []
         pending += await _drain_quietly(queue)
         new_messages: list[ChatMessage] = []
@@ -381,14 +391,6 @@ class RunManager:
                 error=error,
                 pending_injections=tuple(pending),
             )
-        # The done is stored in the transaction that closes the run: the next run of the
-        # conversation cannot start before that commit, and starts after this done (RunRepo.start).
-        # Everything published before it is stored first, so the log never has a done ahead of
-        # the events it ends.
-        try:
-            await publisher.flush()
-        except EventPersistError as exc:
-            log.error("closing the run with events missing from the log", extra={"error": str(exc)})
         done_event = publisher.stamp(done)
         finished = await _while_unreachable(
             lambda: self.runs.finish(
@@ -464,9 +466,14 @@ class RunManager:
         elapsed = max(0.0, time.time() - run.created_at.timestamp())
         await self._salvage_events(run)
         answer, iterations = _progress(await self.events.for_run(run.id))
-        # Follow-ups the lost run never took stay in the conversation (stored with the close,
-        # or beside another closer's) and are named in the done.
-        pending = await self.interrupt_queue(run.conversation_id).drain()
+        # Follow-ups the lost run never took are named in its done and stay in the conversation
+        # (stored with the close). Taken only while the run is still open, so that the queue of
+        # a run started after a close elsewhere is left alone, and put back if the close fails.
+        current = await self.runs.get_any(run.id)
+        if current is None or current.status != "running":
+            return False
+        queue = self.interrupt_queue(run.conversation_id)
+        pending = await _drain_quietly(queue)
         publisher = RunPublisher(
             self.bus,
             self.events,
@@ -488,19 +495,23 @@ class RunManager:
                 pending_injections=tuple(pending),
             )
         )
-        finished = await self.runs.finish(
-            run.id,
-            status="failed",
-            answer=answer,
-            iterations=iterations,
-            usage=Usage().as_dict(),
-            elapsed=elapsed,
-            error=error,
-            pending_injections=pending,
-            messages=follow_up_messages(pending),
-            conversation_id=run.conversation_id,
-            done=done,
-        )
+        try:
+            finished = await self.runs.finish(
+                run.id,
+                status="failed",
+                answer=answer,
+                iterations=iterations,
+                usage=Usage().as_dict(),
+                elapsed=elapsed,
+                error=error,
+                pending_injections=pending,
+                messages=follow_up_messages(pending),
+                conversation_id=run.conversation_id,
+                done=done,
+            )
+        except BaseException:
+            await _put_back(queue, pending)
+            raise
         if not finished:
             return False
         await publisher.publish_stored(done)
@@ -559,6 +570,15 @@ async def _drain_quietly(queue: InterruptQueue) -> list[str]:
     except Exception as exc:
         log.warning("could not drain the interrupt queue", extra={"error": repr(exc)})
         return []
+
+
+async def _put_back(queue: InterruptQueue, contents: list[str]) -> None:
+    """Return drained follow-ups to their queue (after them if others arrived meanwhile)."""
+    for content in contents:
+        try:
+            await queue.put(content)
+        except Exception as exc:
+            log.warning("a follow-up could not be put back in its queue", extra={"error": repr(exc)})
 
 
 def _progress(events: list[StoredEvent]) -> tuple[str, int]:

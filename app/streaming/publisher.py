@@ -128,7 +128,8 @@ class RunPublisher:
         self._pending_since = 0.0
         self._sending = False
         self._to_store: list[StoredEvent] = []
-        self._stored_by_caller: set[str] = set()
+        self._stored_ahead: set[str] = set()
+        """Ids of events stored before the bus loop took them (``publish_stored``, ``flush_store``)."""
         self._saving = False
         self._stored_any = False
         self._bus_wake = asyncio.Event()
@@ -188,7 +189,7 @@ class RunPublisher:
             raise PublisherClosedError(f"publisher of run {self.run_id} is closed")
         if self._bus_task is None:
             self._start()
-        self._stored_by_caller.add(stored.id)
+        self._stored_ahead.add(stored.id)
         self._queue_event(stored)
 
     def _queue_event(self, stored: StoredEvent) -> None:
@@ -210,6 +211,24 @@ class RunPublisher:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._flush_waiters.append(waiter)
             await waiter
+        self._urgent = self._done_published
+        if self._store_error is not None:
+            raise self._store_error
+
+    async def flush_store(self) -> None:
+        """Wait until everything published so far is in the store, whether or not the bus has it
+        yet: what still waits for the bus (behind an append that hangs or is being retried
+        through an outage) is stored now and stays queued for the bus."""
+        if self._bus_task is None:
+            return
+        self._urgent = True
+        self._end_store_wait()
+        self._store_wake.set()
+        while self._store_error is None:
+            self._store_pending_now()
+            if not self._to_store and not self._saving:
+                break
+            await self._store_caught_up()
         self._urgent = self._done_published
         if self._store_error is not None:
             raise self._store_error
@@ -276,18 +295,23 @@ class RunPublisher:
         del self._pending[: len(items)]
         if self._pending:
             self._pending_since = time.monotonic()
-        out: list[StoredEvent] = []
-        for item in items:
-            if type(item) is _PendingDelta:
-                content = item.parts[0] if len(item.parts) == 1 else "".join(item.parts)
-                data = self._encode(AnswerDelta(content))
-                item = StoredEvent(item.id, "answer", data, self.run_id, item.prev)
-            out.append(item)  # type: ignore[arg-type]
-        return out
+        return [self._delta_event(item) if type(item) is _PendingDelta else item for item in items]  # type: ignore[misc]
+
+    def _delta_event(self, delta: _PendingDelta) -> StoredEvent:
+        """The merged delta as the one event it becomes, encoded once."""
+        content = delta.parts[0] if len(delta.parts) == 1 else "".join(delta.parts)
+        return StoredEvent(delta.id, "answer", self._encode(AnswerDelta(content)), self.run_id, delta.prev)
 
     def _to_store_later(self, batch: list[StoredEvent]) -> None:
-        if self._stored_by_caller:
-            batch = [event for event in batch if event.id not in self._stored_by_caller]
+        ahead = self._stored_ahead
+        if ahead:
+            kept = []
+            for event in batch:
+                if event.id in ahead:
+                    ahead.discard(event.id)
+                else:
+                    kept.append(event)
+            batch = kept
         if batch:
             self._to_store.extend(batch)
             self._store_wake.set()
@@ -296,6 +320,17 @@ class RunPublisher:
         bus_idle = (not self._pending and not self._sending) or self._bus_given_up
         store_idle = (not self._to_store and not self._saving) or self._store_error is not None
         return bus_idle and store_idle
+
+    def _store_pending_now(self) -> None:
+        """Queue for the store every event still waiting for the bus, its deltas merged and
+        encoded now (they take no more tokens); the bus still gets them, in order."""
+        for index, item in enumerate(self._pending):
+            event = self._delta_event(item) if isinstance(item, _PendingDelta) else item
+            self._pending[index] = event
+            if event.id not in self._stored_ahead:
+                self._stored_ahead.add(event.id)
+                self._to_store.append(event)
+                self._store_wake.set()
 
     def _notify(self) -> None:
         if self._store_waiters and (

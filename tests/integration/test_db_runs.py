@@ -338,8 +338,8 @@ async def test_finish_stores_the_runs_messages_with_the_close(
     ]
 
 
-def done_event(event_id: str, run_id: str, prev: str | None = None) -> StoredEvent:
-    return StoredEvent(event_id, "done", f'{{"status":"completed","run_id":"{run_id}"}}', run_id, prev)
+def done_event(event_id: str, run_id: str, status: str = "completed") -> StoredEvent:
+    return StoredEvent(event_id, "done", f'{{"status":"{status}","run_id":"{run_id}"}}', run_id)
 
 
 async def close_with_done(
@@ -409,3 +409,21 @@ async def test_a_new_run_starts_after_the_previous_runs_done_even_if_the_bus_had
         conv.id, conv.owner, "more", worker_id="w1", lease_s=30, start_cursor="2000-0"
     )
     assert third.start_cursor == "2000-0" and (await runs.get_any(third.id)) == third
+
+
+async def test_a_finish_losing_to_another_closers_done_under_the_same_id_is_false_and_keeps_its_messages(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    """Two closers that took their done's id from the same last event (a reaper and a stalled
+    worker) may stamp the same id: only the one whose done is stored closed the run."""
+    events = EventRepo(database.sessionmaker)
+    run = await start(runs, conv)
+    winner = done_event("1000-0", run.id, status="failed")
+    assert await close_with_done(runs, run, winner)
+
+    loser = done_event("1000-0", run.id, status="completed")
+    assert await close_with_done(runs, run, loser, [ChatMessage(role="user", content="late note")]) is False
+
+    assert await events.read_after(conv.id, ZERO_CURSOR) == [winner]
+    stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
+    assert [m.content for m in stored] == ["hello", "late note"]

@@ -313,3 +313,23 @@ async def test_a_stamped_event_takes_the_next_id_and_publish_stored_sends_it_to_
     assert store.all(CONV) == [step]  # the caller stored the done itself
     with pytest.raises(PublisherClosedError):
         pub.stamp(run_done())
+
+
+async def test_flush_store_returns_once_everything_is_stored_while_a_bus_append_still_waits() -> None:
+    """A run closes during a bus outage without waiting out the bus's retries: its events are
+    stored (what is published while the first append hangs goes to the store at once)."""
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store)
+    first = await pub.publish(ThinkingStarted(iteration=1))
+    await wait_until(bus.in_append.is_set)  # held at the gate: Redis does not answer
+    await pub.publish(AnswerStarted())
+    await pub.publish(AnswerDelta("partial"))
+
+    await asyncio.wait_for(pub.flush_store(), timeout=5)
+
+    assert [e.event for e in store.all(CONV)] == ["step", "answer", "answer"]
+    assert first is not None and await bus.read_after(CONV, "0-0") == []
+    bus.gate.set()
+    await pub.close()
+    assert [e.id for e in await bus.read_after(CONV, "0-0")] == [e.id for e in store.all(CONV)]
