@@ -1,0 +1,89 @@
+"""The reaper closes a run whose worker is gone: its done names the follow-ups the run never took,
+and they stay in the conversation, even when the first attempt to close fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from app.db.repositories import RunRepo
+from app.db.session import Database
+from tests.integration.conftest import run_in_own_loop
+from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    Api,
+    FakeLLM,
+    clients_fixture,
+    gated_llm_fixture,
+    redis_prefix_fixture,
+    start_service_fixture,
+)
+from tests.support.server import ServerThread
+
+pytestmark = pytest.mark.timeout(30)
+
+LEASE_S = 2.0
+"""The lost run's lease: time enough to queue follow-ups before the reaper may close it."""
+
+
+def leave_a_run_of_a_dead_worker(database_url: str, conversation_id: str) -> str:
+    async def start() -> str:
+        db = Database(database_url)
+        try:
+            async with db.engine.connect() as conn:
+                owner = (
+                    await conn.execute(
+                        text("SELECT owner FROM conversations WHERE id = :id"), {"id": conversation_id}
+                    )
+                ).scalar_one()
+            run, _ = await RunRepo(db.sessionmaker).start(
+                conversation_id, owner, "a question", worker_id="dead", lease_s=LEASE_S, start_cursor="0-0"
+            )
+            return run.id
+        finally:
+            await db.dispose()
+
+    return run_in_own_loop(start)
+
+
+BUSES = [pytest.param(False, id="memory"), pytest.param(True, id="redis", marks=pytest.mark.redis)]
+
+
+@pytest.mark.parametrize("redis_bus", BUSES)
+def test_a_lost_runs_done_names_its_untaken_follow_ups_even_after_a_failed_close(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    finish = RunRepo.finish
+    failures: list[str] = []
+
+    async def finish_failing_once(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
+        if not failures:
+            failures.append(run_id)
+            raise ConnectionError("the database went away for a moment")
+        return await finish(self, run_id, **kwargs)
+
+    monkeypatch.setattr(RunRepo, "finish", finish_failing_once)
+    api = clients(start_service(redis=redis_bus, run_lease_s=0.4).base_url)
+    conv = api.create_conversation()
+    run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
+
+    queued = [api.interrupt(conv, note) for note in ("also this", "and that")]
+    with api.stream(conv) as stream:
+        events = stream.read(until=lambda e: e.event == "done")
+
+    assert [(r.status_code, r.json()) for r in queued] == [(202, {"queued": 1}), (202, {"queued": 2})]
+    assert failures == [run_id]  # the first close failed, a later pass closed it
+    done = events[-1].data
+    assert (events[-1].event, done["run_id"], done["status"]) == ("done", run_id, "failed")
+    assert done["pending_injections"] == ["also this", "and that"]
+    assert api.run(run_id)["status"] == "failed"
+    contents = [m["content"] for m in api.http.get(f"/api/conversations/{conv}").json()["messages"]]
+    for note in ("also this", "and that"):
+        assert sum(note in str(content) for content in contents) == 1
