@@ -184,8 +184,9 @@ class RunManager:
             )
         except RunActiveError as exc:
             raise RunActiveConflict("a run is already active in this conversation") from exc
-        # Follow-ups left over from an earlier run were already reported; start clean.
-        await _drain_quietly(self.interrupt_queue(conv_id))
+        # The queue is not emptied here: what it holds was accepted (202) after the previous run
+        # took its last follow-ups (in the moment before its close, or while Redis was away for
+        # its drain) and was reported nowhere; this run takes it at its first step.
         active = _ActiveRun(run.id, conv_id)
         self._active[run.id] = active
         self.metrics.runs_started.inc()

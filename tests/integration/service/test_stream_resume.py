@@ -282,3 +282,45 @@ def test_a_run_started_between_the_previous_runs_close_and_its_done_streams_only
     assert as_stored(received) == api.wait_stored(second)
     first_events = api.wait_stored(first)
     assert first_events[-1]["event"] == "done" and first_events[-1]["data"]["answer"] == agent.answer
+
+
+@STACKS
+def test_a_follow_up_accepted_while_a_run_closes_reaches_the_next_run(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run has taken its last follow-ups and is closing; a follow-up posted now still finds it
+    running (202), too late for it and for its done: the next run of the conversation gets it."""
+    gated_llm.play(GatedAgent(tokens=5))
+    closing, release = threading.Event(), threading.Event()
+    finish = RunRepo.finish
+
+    async def hold_then_finish(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
+        if not closing.is_set():
+            closing.set()
+            await asyncio.to_thread(release.wait, 10)
+        return await finish(self, run_id, **kwargs)
+
+    monkeypatch.setattr(RunRepo, "finish", hold_then_finish)
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+    first = api.start_run(conv, "one")
+    try:
+        assert closing.wait(10), "the first run never reached its close"
+        late = api.interrupt(conv, "one more thing")
+    finally:
+        release.set()
+    assert (late.status_code, late.json()) == (202, {"queued": 1})
+    assert api.wait_finished(first)["status"] == "completed"
+    assert api.wait_stored(first)[-1]["data"]["pending_injections"] == []
+
+    second = api.start_run(conv, "two")
+    with api.stream(conv) as stream:
+        events = stream.read(until=lambda e: e.event == "done")
+
+    injects = [e.data["content"] for e in events if e.event == "inject"]
+    assert len(injects) == 1 and "one more thing" in injects[0]
+    assert events[-1].data["run_id"] == second
