@@ -316,20 +316,8 @@ async def test_finish_stores_the_runs_messages_with_the_close(
     run, _ = await runs.start(conv.id, "alice", "q", worker_id="w1", lease_s=30, start_cursor="0-0")
     said = [ChatMessage(role="assistant", content="a"), ChatMessage(role="user", content="note", pinned=True)]
 
-    closed = await runs.finish(
-        run.id,
-        status="completed",
-        answer="a",
-        iterations=1,
-        usage={},
-        elapsed=0.1,
-        error=None,
-        pending_injections=["note"],
-        messages=said,
-        conversation_id=conv.id,
-    )
-
-    assert closed
+    assert await close(runs, run, messages=said, pending=["note"])
+    assert (await runs.get_any(run.id)).pending_injections == ["note"]  # type: ignore[union-attr]
     stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
     assert [(m.content, m.run_id, m.pinned) for m in stored] == [
         ("q", run.id, False),
@@ -342,8 +330,13 @@ def done_event(event_id: str, run_id: str, status: str = "completed") -> StoredE
     return StoredEvent(event_id, "done", f'{{"status":"{status}","run_id":"{run_id}"}}', run_id)
 
 
-async def close_with_done(
-    runs: RunRepo, run: RunRecord, done: StoredEvent, messages: list[ChatMessage] | None = None
+async def close(
+    runs: RunRepo,
+    run: RunRecord,
+    *,
+    done: StoredEvent | None = None,
+    messages: list[ChatMessage] | None = None,
+    pending: list[str] | None = None,
 ) -> bool:
     return await runs.finish(
         run.id,
@@ -353,11 +346,17 @@ async def close_with_done(
         usage={},
         elapsed=0.1,
         error=None,
-        pending_injections=[],
+        pending_injections=pending or [],
         messages=messages or [],
         conversation_id=run.conversation_id,
         done=done,
     )
+
+
+async def close_with_done(
+    runs: RunRepo, run: RunRecord, done: StoredEvent, messages: list[ChatMessage] | None = None
+) -> bool:
+    return await close(runs, run, done=done, messages=messages)
 
 
 async def test_finish_stores_its_done_with_the_close_and_a_losing_finish_stores_none(

@@ -239,6 +239,29 @@ def test_a_reconnect_between_a_runs_close_and_its_done_waits_for_the_done_rather
     assert rest[0].data["status"] == "failed"
 
 
+def hold_the_first_close(
+    monkeypatch: pytest.MonkeyPatch, *, committed: bool
+) -> tuple[threading.Event, threading.Event]:
+    """Make the service's first ``RunRepo.finish`` wait for ``release`` (set ``reached`` then),
+    just before its transaction or, with ``committed``, just after it. Returns (reached, release)."""
+    reached, release = threading.Event(), threading.Event()
+    finish = RunRepo.finish
+
+    async def held(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
+        first = not reached.is_set()
+        if first and not committed:
+            reached.set()
+            await asyncio.to_thread(release.wait, 10)
+        result = await finish(self, run_id, **kwargs)
+        if first and committed:
+            reached.set()
+            await asyncio.to_thread(release.wait, 10)
+        return result
+
+    monkeypatch.setattr(RunRepo, "finish", held)
+    return reached, release
+
+
 @STACKS
 def test_a_run_started_between_the_previous_runs_close_and_its_done_streams_only_its_own_events(
     redis_bus: bool,
@@ -251,19 +274,7 @@ def test_a_run_started_between_the_previous_runs_close_and_its_done_streams_only
     closed, before that run's done has reached the bus. The new run's stream starts after that
     done: it must not end at it, and the done must not land among the new run's events."""
     agent = gated_llm.play(GatedAgent(tokens=30, delay_s=0.01))
-    closed, release = threading.Event(), threading.Event()
-    held: list[str] = []
-    finish = RunRepo.finish
-
-    async def finish_then_hold(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
-        result = await finish(self, run_id, **kwargs)
-        if not held:  # the first close only: its done waits until the test lets it go
-            held.append(run_id)
-            closed.set()
-            await asyncio.to_thread(release.wait, 10)
-        return result
-
-    monkeypatch.setattr(RunRepo, "finish", finish_then_hold)
+    closed, release = hold_the_first_close(monkeypatch, committed=True)  # its done waits
     api = clients(start_service(redis=redis_bus).base_url)
     conv = api.create_conversation()
     first = api.start_run(conv, "one")
@@ -295,16 +306,7 @@ def test_a_follow_up_accepted_while_a_run_closes_reaches_the_next_run(
     """The run has taken its last follow-ups and is closing; a follow-up posted now still finds it
     running (202), too late for it and for its done: the next run of the conversation gets it."""
     gated_llm.play(GatedAgent(tokens=5))
-    closing, release = threading.Event(), threading.Event()
-    finish = RunRepo.finish
-
-    async def hold_then_finish(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
-        if not closing.is_set():
-            closing.set()
-            await asyncio.to_thread(release.wait, 10)
-        return await finish(self, run_id, **kwargs)
-
-    monkeypatch.setattr(RunRepo, "finish", hold_then_finish)
+    closing, release = hold_the_first_close(monkeypatch, committed=False)
     api = clients(start_service(redis=redis_bus).base_url)
     conv = api.create_conversation()
     first = api.start_run(conv, "one")
