@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,7 @@ from app.db.repositories import ConversationRepo, EventRepo, RunRepo
 from app.db.session import Database
 from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent
-from bench.service_bench import POSTGRES_URL, _pg_admin
+from bench.scratch_pg import ScratchDatabase
 
 ANSWER = "word " * 200
 DONE_DATA = json.dumps({"answer": ANSWER, "status": "completed", "iterations": 6})
@@ -99,14 +98,13 @@ def on_sqlite(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
 
 
 def on_postgres(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
-    name = "agentstream_bench_" + uuid.uuid4().hex[:10]
-    asyncio.run(_pg_admin(f"CREATE DATABASE {name}"))
+    scratch = ScratchDatabase()
+    asyncio.run(scratch.create())
     try:
-        url = f"{POSTGRES_URL.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
-        upgrade_database(url)
-        return asyncio.run(measure(url, args.runs, concurrency, args.warmup))
+        upgrade_database(scratch.url)
+        return asyncio.run(measure(scratch.url, args.runs, concurrency, args.warmup))
     finally:
-        asyncio.run(_pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        asyncio.run(scratch.drop())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

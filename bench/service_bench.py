@@ -40,13 +40,13 @@ from redis.asyncio import Redis
 
 from bench.fakellm import parse_stamps
 from bench.measure import QUESTION, emit, expected_answer, percentile
+from bench.scratch_pg import ScratchDatabase
 from bench.wire import Connection, SseStream
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 HOST = "127.0.0.1"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432")
 AGENT = {"tools": ["calculator"], "completion_check": False}
 
 
@@ -151,7 +151,7 @@ class Stack:
         # running process is refused on some machines), stopped with SIGINT at the end.
         # Absolute: the worker runs in the temporary directory.
         self.profile = (profile[0], os.path.abspath(profile[1])) if profile else None
-        self.pg_database = ""
+        self.pg_database: ScratchDatabase | None = None
         self.fake_args = list(fake_args)
         self.n_workers = workers
         self.env_extra = env or {}
@@ -181,11 +181,9 @@ class Stack:
         if not self.llm_url.startswith("http://127.0.0.1:"):
             raise RuntimeError(f"fake LLM did not start: {self.llm_url!r}")
         if self.db == "postgres":
-            self.pg_database = "agentstream_bench_" + uuid.uuid4().hex[:10]
-            await _pg_admin(f"CREATE DATABASE {self.pg_database}")
-            database_url = (
-                f"{POSTGRES_URL.replace('postgresql://', 'postgresql+asyncpg://')}/{self.pg_database}"
-            )
+            self.pg_database = ScratchDatabase()
+            await self.pg_database.create()
+            database_url = self.pg_database.url
         else:
             database_url = f"sqlite+aiosqlite:///{self.tmp.name}/bench.db"
         env = {
@@ -292,8 +290,8 @@ class Stack:
                 await redis.delete(*keys[i : i + 500])
         finally:
             await redis.aclose()
-        if self.pg_database:
-            await _pg_admin(f"DROP DATABASE IF EXISTS {self.pg_database} WITH (FORCE)")
+        if self.pg_database is not None:
+            await self.pg_database.drop()
         self.tmp.cleanup()
 
     @property
@@ -301,16 +299,6 @@ class Stack:
         if self.db == "postgres":
             return "PostgreSQL (asyncpg) on 127.0.0.1, a database made for the run and dropped after"
         return "SQLite (aiosqlite, WAL) in a temporary directory"
-
-
-async def _pg_admin(sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(f"{POSTGRES_URL}/postgres", timeout=5)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 async def new_conversation(conn: Connection) -> str:
