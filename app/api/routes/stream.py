@@ -17,7 +17,7 @@ from app.api.schemas import ChatRequest, error_responses, optional_parameter
 from app.api.sse_response import EventStream
 from app.container import Services
 from app.errors import InvalidInputError
-from app.streaming.bus import StoredEvent, format_cursor, parse_cursor
+from app.streaming.bus import ZERO_CURSOR, StoredEvent, format_cursor, parse_cursor
 from app.streaming.resume import stream_events
 from app.streaming.sse import encode_event
 
@@ -184,9 +184,9 @@ async def stream(
         cursor = None
     if cursor is None:
         run = await services.runs.active(conv.id) or await services.runs.latest(conv.id)
-        if run is None:
-            return Response(status_code=status.HTTP_204_NO_CONTENT)
-        cursor = run.start_cursor
+        # No run yet: the stream waits for the first one (a client may subscribe before it
+        # starts a run; a 204 would stop an EventSource for good).
+        cursor = run.start_cursor if run is not None else ZERO_CURSOR
     elif await _nothing_more(services, conv.id, cursor):
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return sse_response(services, conv.id, cursor)

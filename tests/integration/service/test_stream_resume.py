@@ -173,6 +173,28 @@ def test_a_reconnect_at_the_latest_done_with_no_run_active_gets_204(
     assert as_stored(live) == api.wait_stored(third_id)
 
 
+@STACKS
+def test_a_stream_opened_before_the_first_run_waits_for_it_and_delivers_it(
+    redis_bus: bool,
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+) -> None:
+    """A client may subscribe before it starts the conversation's first run: not a 204, which
+    would stop an EventSource for good, but an open stream that gets the run when it comes."""
+    agent = gated_llm.play(GatedAgent(tokens=5))
+    api = clients(start_service(redis=redis_bus).base_url)
+    conv = api.create_conversation()
+
+    with api.stream(conv) as stream:
+        assert stream.status_code == 200
+        run_id = api.start_run(conv)
+        events = stream.read(until=lambda e: e.event == "done")
+
+    assert events[-1].data["run_id"] == run_id and events[-1].data["answer"] == agent.answer
+    assert as_stored(events) == api.wait_stored(run_id)
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("database_backend", ["sqlite"])
 def test_a_reconnect_between_a_runs_close_and_its_done_waits_for_the_done_rather_than_204(
