@@ -27,10 +27,17 @@ def error_response(
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-def _describe_validation(errors: list[Any]) -> tuple[str, str, int]:
+def _describe_validation(errors: list[Any], content_type: str) -> tuple[str, str, int]:
     for err in errors:
         if err.get("type") == "json_invalid":
             return "invalid_json", "the request body is not valid JSON", 400
+    if any(tuple(err.get("loc", ())) == ("body",) for err in errors):
+        # The body as a whole: absent, not an object, or not sent as JSON at all (FastAPI reads
+        # a body as JSON only under a JSON content type; curl -d sends a form's).
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            return "invalid_request", "the body must be JSON: send Content-Type: application/json", 422
+        return "invalid_request", "the request body must be a JSON object", 422
     parts = []
     for err in errors[:5]:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
@@ -81,8 +88,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(404, "not_found", "conversation not found")
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        code, message, status = _describe_validation(list(exc.errors()))
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        code, message, status = _describe_validation(
+            list(exc.errors()), request.headers.get("content-type", "")
+        )
         return error_response(status, code, message)
 
     @app.exception_handler(StarletteHTTPException)

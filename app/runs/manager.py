@@ -196,6 +196,33 @@ class RunManager:
         )
         return run
 
+    async def start_in_new_conversation(
+        self,
+        owner: str,
+        title: str,
+        agent_config: dict[str, Any],
+        message: str,
+        *,
+        prior: Sequence[ChatMessage] = (),
+    ) -> tuple[ConversationRecord, RunRecord]:
+        """A new conversation with a run started in it, or, if the run cannot start (this worker
+        is shutting down, an outage), nothing: the conversation is removed again."""
+        if not self._accepting:
+            raise ShuttingDownError("this worker is shutting down; retry on another worker")
+        conversation = await self.conversations.create(owner, title, agent_config)
+        try:
+            run = await self.start_run(conversation, message, prior=prior)
+        except BaseException:
+            try:
+                await self.conversations.delete(owner, conversation.id)
+            except Exception as exc:
+                log.warning(
+                    "could not remove the conversation of a run that did not start",
+                    extra={"conversation_id": conversation.id, "error": repr(exc)},
+                )
+            raise
+        return conversation, run
+
     async def cancel(self, conversation: ConversationRecord) -> RunRecord:
         run = await self.runs.active(conversation.id)
         if run is None:

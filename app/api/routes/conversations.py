@@ -94,6 +94,7 @@ async def list_conversations(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=256), optional_parameter(256)] = None,
 ) -> ConversationPage:
+    cursor = cursor or None  # ?cursor= (empty) is the first page, as a null next_cursor written out
     if cursor is not None:
         _check_page_cursor(cursor)
     try:

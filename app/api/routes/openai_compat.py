@@ -46,11 +46,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
-from sse_starlette import ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import OwnerDep, ServicesDep
-from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS, title_from
+from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS, ping_event, title_from
 from app.api.schemas import MAX_MESSAGE_CHARS, error_responses
 from app.api.sse_response import EventStream
 from app.container import Services
@@ -535,8 +534,9 @@ async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, o
     chat = chat_input(body)
     title = title_from(chat.question)
     agent = {"system_prompt": chat.instructions} if chat.instructions else {}
-    conversation = await services.conversations.create(owner, title, agent)
-    run = await services.manager.start_run(conversation, chat.question, prior=chat.prior)
+    conversation, run = await services.manager.start_in_new_conversation(
+        owner, title, agent, chat.question, prior=chat.prior
+    )
     completion = Completion(run.id, conversation.id, body.model)
     events = stream_events(services.bus, services.events, conversation.id, run.start_cursor)
     if body.stream:
@@ -592,13 +592,9 @@ async def _streaming(
         headers=SSE_HEADERS,
         ping=services.settings.sse_ping_seconds,
         sep="\n",
-        ping_message_factory=_ping,
+        ping_message_factory=ping_event,
         send_timeout=SEND_TIMEOUT_S,
     )
-
-
-def _ping() -> ServerSentEvent:
-    return ServerSentEvent(comment="ping")
 
 
 async def _close(events: AsyncIterator[StoredEvent]) -> None:

@@ -213,7 +213,9 @@ def title_from(message: str) -> str:
 async def chat(body: ChatRequest, services: ServicesDep, owner: OwnerDep) -> EventSourceResponse:
     if body.conversation_id:
         conv = await owned_conversation(services, owner, body.conversation_id)
+        run = await services.manager.start_run(conv, body.message)
     else:
-        conv = await services.conversations.create(owner, title_from(body.message), {})
-    run = await services.manager.start_run(conv, body.message)
+        conv, run = await services.manager.start_in_new_conversation(
+            owner, title_from(body.message), {}, body.message
+        )
     return sse_response(services, conv.id, run.start_cursor)

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.errors import ShuttingDownError
+from app.runs.manager import RunManager
 from tests.integration.service.conftest import Api
 
 MAX = 32_000
@@ -247,6 +249,26 @@ def test_bad_list_queries_are_4xx_on_every_stack(stack_api: Api) -> None:
     assert [c["id"] for c in api.http.get("/api/conversations").json()["items"]] == [conv["id"]]
 
 
+def test_an_empty_list_cursor_is_the_first_page(stack_api: Api) -> None:
+    conv = stack_api.create_conversation()
+    response = stack_api.http.get("/api/conversations", params={"cursor": ""})
+    assert response.status_code == 200, response.text
+    assert [c["id"] for c in response.json()["items"]] == [conv["id"]]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_422_saying_which_content_type_to_send(
+    alice: Api, content_type: str | None
+) -> None:
+    """What `curl -d '{"message": "hi"}' .../api/chat` sends (a form's content type)."""
+    headers = {"content-type": content_type} if content_type else {}
+    before = alice.snapshot()
+    response = alice.http.post("/api/chat", content=b'{"message": "hi"}', headers=headers)
+    assert_rejected(response, Bad(raw=b""), "not json")
+    assert "Content-Type: application/json" in response.json()["error"]["message"]
+    assert alice.snapshot() == before
+
+
 BAD_CURSORS = {
     "garbage": "abc",
     "no-sequence": "1700000000000",
@@ -328,3 +350,25 @@ def test_unknown_routes_and_methods_answer_with_the_error_shape(alice: Api) -> N
     for response, status, code in cases:
         assert response.status_code == status
         assert response.json()["error"]["code"] == code
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/chat", {"message": "hi"}),
+        ("/v1/chat/completions", {"model": "agentstream", "messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
+def test_a_chat_whose_run_cannot_start_leaves_no_conversation_behind(
+    alice: Api, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    async def refuse(*_: Any, **__: Any) -> None:
+        raise ShuttingDownError("this worker is shutting down; retry on another worker")
+
+    monkeypatch.setattr(RunManager, "start_run", refuse)
+    before = alice.snapshot()
+
+    response = alice.http.post(path, json=body)
+
+    assert response.status_code == 503, response.text
+    assert alice.snapshot() == before
