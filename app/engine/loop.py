@@ -231,12 +231,15 @@ class ToolLoop:
             if parsed.kind == "tools":
                 last_unparsed = False
                 continue
-            if parsed.kind == "unparsed" and not last_unparsed:
+            if parsed.kind == "unparsed" and not last_unparsed and iteration < limit:
                 # E-08: the raw reply is already in the history; ask once for the proper format.
+                # With no iteration left for that retry, the raw reply is the answer (it was
+                # parsed as a final answer; the limit's fallback would throw its text away).
                 last_unparsed = True
                 self._append(ChatMessage(role="user", content=prompts.REFORMAT_INSTRUCTION), keep=False)
                 continue
-            # A final answer, or a second unparseable reply in a row whose raw text is the answer.
+            # A final answer, or an unparseable reply (the second in a row, or on the last
+            # iteration) whose raw text is the answer.
             accept_raw = parsed.kind == "unparsed"
             last_unparsed = accept_raw
             if injected and iteration < limit:

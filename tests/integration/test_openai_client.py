@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -240,6 +241,34 @@ async def test_500_then_success_retries_after_a_jittered_backoff(
     assert 0.0 <= sleep.delays[0] <= BACKOFF_BASE_S
     assert 0.0 <= sleep.delays[1] <= 2 * BACKOFF_BASE_S
     assert len(server.requests) == 3
+
+
+class RecordingRandom(random.Random):
+    """A seeded generator that keeps the bounds of every ``uniform`` draw."""
+
+    def __init__(self) -> None:
+        super().__init__(1234)
+        self.bounds: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.bounds.append((a, b))
+        return super().uniform(a, b)
+
+
+async def test_backoff_is_full_jitter_drawn_from_zero_to_a_doubling_capped_ceiling(
+    server: FakeOpenAIServer, make_llm: Any, sleep: RecordingSleep
+) -> None:
+    """E-27: each delay is uniform in [0, min(8 s, 0.5 s * 2^retry)], not a fixed step."""
+    server.script(*[FakeReply.error(500) for _ in range(6)], FakeReply.text("ok"))
+    rng = RecordingRandom()
+
+    result = await make_llm(max_retries=6, rng=rng).chat(QUESTION)
+
+    assert result.attempts == 7
+    assert rng.bounds == [(0.0, 0.5), (0.0, 1.0), (0.0, 2.0), (0.0, 4.0), (0.0, 8.0), (0.0, 8.0)]
+    expected = random.Random(1234)
+    assert sleep.delays == [expected.uniform(a, b) for a, b in rng.bounds]
+    assert len(set(sleep.delays)) == 6  # drawn, not a fixed step
 
 
 async def test_retries_are_exhausted_into_llm_unavailable_with_the_status(

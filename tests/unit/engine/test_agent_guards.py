@@ -45,6 +45,23 @@ async def test_reflection_injected_after_every_interval_of_real_tool_calls(scrip
     assert len(reflections(user_texts(llm.calls[4].messages))) == 2
 
 
+async def test_with_the_defaults_the_first_reflection_follows_the_sixth_tool_call(
+    scripted_llm: MakeLLM,
+) -> None:
+    """E-19's interval is 6 (``REACT_SELF_REFLECTION_INTERVAL``) and E-14's limit 50 by default."""
+    replies: list[Any] = [json_tool("echo", {"i": i}) for i in range(6)]
+    llm = scripted_llm([*replies, json_final("ok"), answer()], abilities=JSON_ONLY)
+    agent = make_agent(llm, completion_check=False)
+    assert (agent.config.self_reflection_interval, agent.config.max_iterations) == (6, 50)
+
+    await agent.run("my goal", sink=EventLog())
+
+    assert reflections(user_texts(llm.calls[5].messages)) == []  # after 5 calls
+    after_six = user_texts(llm.calls[6].messages)
+    assert reflections(after_six) == [after_six[-1]]
+    assert after_six[-1].startswith("[Self-reflection] You have made 6 tool calls")
+
+
 async def test_reflection_not_counted_for_parse_retries(scripted_llm: MakeLLM) -> None:
     llm = scripted_llm(
         [

@@ -76,13 +76,19 @@ async def test_json_parse_failure_retries_with_reformat_prompt_and_counts_toward
     assert result.iterations == 2 and result.answer == "4"
 
 
-async def test_json_parse_retry_can_exhaust_max_iterations(scripted_llm: MakeLLM) -> None:
-    llm = scripted_llm([text("not json"), answer()], abilities=JSON_ONLY)
+async def test_an_unparseable_reply_on_the_last_iteration_is_the_answer(scripted_llm: MakeLLM) -> None:
+    """No iteration is left for the reformat retry: the raw reply stands as the final answer it was
+    parsed as, rather than the limit's fallback, which would throw its text away."""
+    # Synthesis fails, so the answer is the loop's own (E-04), which is what is under test here.
+    llm = scripted_llm(
+        [json_tool("add", {"a": 1, "b": 1}), text("It is 2."), StreamScript([], error=RuntimeError("down"))],
+        abilities=JSON_ONLY,
+    )
 
-    result = await make_agent(llm, max_iterations=1).run("q", sink=EventLog())
+    result = await make_agent(llm, max_iterations=2).run("q", sink=EventLog())
 
-    assert result.iterations == 1
-    assert "I could not finish within 1 steps" in user_texts(llm.calls[1].messages)[-1]
+    assert result.iterations == 2
+    assert result.answer == "It is 2."
 
 
 async def test_second_consecutive_parse_failure_makes_the_raw_content_the_answer(
