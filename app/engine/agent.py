@@ -215,6 +215,9 @@ class ReActAgent:
             sink=sink,
             usage=usage,
             result_chars=cfg.synthesis_result_chars,
+            # Half the context budget for the trace: the rest is the question, the follow-ups,
+            # the draft answer, the instructions and the reply.
+            trace_tokens=cfg.context_token_budget // 2,
             follow_ups=outcome.follow_ups,
             instructions=cfg.system_prompt,
         )

@@ -40,7 +40,8 @@ SUMMARY_SYSTEM_PROMPT = (
 )
 
 
-def _text_tokens(text: str | None) -> int:
+def text_tokens(text: str | None) -> int:
+    """A cheap token estimate for a text (no tokenizer)."""
     if not text:
         return 0
     ascii_chars = len(text.encode("ascii", "ignore"))
@@ -50,11 +51,11 @@ def _text_tokens(text: str | None) -> int:
 
 def estimate_tokens(message: ChatMessage) -> int:
     """A cheap token estimate for one message: text length plus per-message and per-tool-call overhead."""
-    tokens = MESSAGE_OVERHEAD_TOKENS + _text_tokens(message.content)
+    tokens = MESSAGE_OVERHEAD_TOKENS + text_tokens(message.content)
     for call in message.tool_calls:
-        tokens += TOOL_CALL_OVERHEAD_TOKENS + _text_tokens(call.id) + _text_tokens(call.name)
-        tokens += _text_tokens(call.arguments)
-    tokens += _text_tokens(message.tool_call_id) + _text_tokens(message.name)
+        tokens += TOOL_CALL_OVERHEAD_TOKENS + text_tokens(call.id) + text_tokens(call.name)
+        tokens += text_tokens(call.arguments)
+    tokens += text_tokens(message.tool_call_id) + text_tokens(message.name)
     return tokens
 
 
@@ -269,7 +270,7 @@ def _clip(text: str, limit: int) -> str:
 
 def _clip_tokens(text: str, max_tokens: int) -> str:
     clipped = _clip(text, max_tokens * 4)
-    if _text_tokens(clipped) > max_tokens:
+    if text_tokens(clipped) > max_tokens:
         clipped = _clip(text, max_tokens)
     return clipped
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine import prompts
+from app.engine.context import text_tokens
 from app.engine.events import AnswerDelta, AnswerDone, AnswerStarted, EventSink, Usage
 from app.llm.base import LLM, ChatMessage, LLMError, StreamEnd, StreamItem, TextDelta, TokenUsage
 
@@ -45,21 +46,38 @@ def truncate(text: str, limit: int) -> str:
     return f"{text[:limit]}\n… [truncated {len(text) - limit} characters]"
 
 
-def format_trace(steps: Sequence[TraceStep], result_chars: int) -> str:
+def _step_entry(n: int, step: TraceStep, result_chars: int) -> str:
+    args = truncate(json.dumps(dict(step.args), ensure_ascii=False, default=repr), result_chars)
+    lines = [f"{n}. `{step.tool_name}` {args}"]
+    if step.error is not None:
+        lines.append(f"Error: {truncate(step.error, result_chars)}")
+        if step.observation and step.observation != step.error:
+            lines.append(f"Output: {truncate(step.observation, result_chars)}")
+    else:
+        lines.append(f"Result:\n{truncate(step.observation, result_chars)}")
+    return "\n".join(lines)
+
+
+def format_trace(steps: Sequence[TraceStep], result_chars: int, token_budget: int | None = None) -> str:
+    """Every call with its arguments and result (each cut to ``result_chars``). Over
+    ``token_budget`` (a long run), the newest calls keep their results and the older ones are named
+    on one line each, so that the synthesis call still fits the model's context."""
     if not steps:
         return "No tools were used."
-    lines: list[str] = []
-    for n, step in enumerate(steps, 1):
-        args = json.dumps(dict(step.args), ensure_ascii=False, default=repr)
-        lines.append(f"{n}. `{step.tool_name}` {args}")
-        if step.error is not None:
-            lines.append(f"Error: {truncate(step.error, result_chars)}")
-            if step.observation and step.observation != step.error:
-                lines.append(f"Output: {truncate(step.observation, result_chars)}")
-        else:
-            lines.append(f"Result:\n{truncate(step.observation, result_chars)}")
-        lines.append("")
-    return "\n".join(lines).rstrip()
+    entries = [_step_entry(n, step, result_chars) for n, step in enumerate(steps, 1)]
+    if token_budget is not None:
+        used = 0
+        for index in range(len(entries) - 1, -1, -1):
+            used += text_tokens(entries[index])
+            if used > token_budget:
+                older = [
+                    f"{n}. `{step.tool_name}`: {'error' if step.error is not None else 'ok'}"
+                    for n, step in enumerate(steps[: index + 1], 1)
+                ]
+                note = f"(The results of calls 1-{index + 1} are left out to fit the context.)"
+                entries = [note, "\n".join(older), *entries[index + 1 :]]
+                break
+    return "\n\n".join(entries)
 
 
 def synthesis_messages(
@@ -68,13 +86,14 @@ def synthesis_messages(
     loop_answer: str,
     *,
     result_chars: int,
+    trace_tokens: int | None = None,
     follow_ups: Sequence[str] = (),
     instructions: str | None = None,
 ) -> list[ChatMessage]:
     parts = [f"## Question\n{question}"]
     if follow_ups:
         parts.append("## Follow-up messages from the user\n" + "\n".join(f"- {f}" for f in follow_ups))
-    parts.append(f"## Tool calls and results\n{format_trace(steps, result_chars)}")
+    parts.append(f"## Tool calls and results\n{format_trace(steps, result_chars, trace_tokens)}")
     if loop_answer:
         parts.append(f"## Draft answer\n{loop_answer}")
     parts.append("Write the reply to the user now.")
@@ -104,6 +123,7 @@ async def synthesize(
     sink: EventSink,
     usage: Usage,
     result_chars: int = 2000,
+    trace_tokens: int | None = None,
     follow_ups: Sequence[str] = (),
     instructions: str | None = None,
 ) -> SynthesisResult:
@@ -113,6 +133,7 @@ async def synthesize(
         steps,
         loop_answer,
         result_chars=result_chars,
+        trace_tokens=trace_tokens,
         follow_ups=follow_ups,
         instructions=instructions,
     )

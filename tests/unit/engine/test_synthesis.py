@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from app.engine.context import text_tokens
 from app.engine.events import AnswerDelta, AnswerDone, AnswerStarted, Usage
 from app.engine.prompts import SYNTHESIS_SYSTEM
 from app.engine.synthesis import (
@@ -64,6 +65,21 @@ def test_trace_truncates_each_result() -> None:
 
     assert "a" * 20 + "\n… [truncated 30 characters]" in trace
     assert "a" * 21 not in trace
+
+
+def test_a_trace_over_its_budget_keeps_the_newest_results_and_names_every_older_call() -> None:
+    steps = [TraceStep(f"tool{n}", {"n": n}, f"result {n} " + "x" * 400, None) for n in range(1, 101)]
+    steps[2] = TraceStep("tool3", {"n": 3}, "boom", "boom")
+
+    trace = format_trace(steps, 2000, token_budget=2000)
+
+    assert text_tokens(trace) < 2400  # one call's worth over the budget at the most, plus the list
+    assert "result 100 " in trace and "result 1 " not in trace
+    assert "1. `tool1`: ok" in trace and "3. `tool3`: error" in trace
+    kept = [n for n in range(1, 101) if f"result {n} " in trace]
+    assert kept == list(range(kept[0], 101)) and len(kept) < 100
+    assert f"(The results of calls 1-{kept[0] - 1} are left out to fit the context.)" in trace
+    assert format_trace(steps[:3], 2000, token_budget=2000) == format_trace(steps[:3], 2000)
 
 
 def test_operator_instructions_reach_the_synthesizer() -> None:
