@@ -454,8 +454,12 @@ class RunManager:
             await asyncio.sleep(interval)
             if not self._active:
                 continue
+            # Only runs known before the query are judged by it: a run is added to _active after
+            # its row is committed, so these are in the query's view, while a run started during
+            # the round trip may not be.
+            checked = list(self._active)
             try:
-                await self.leases.renew_leases(list(self._active), self.worker_id, self.settings.run_lease_s)
+                await self.leases.renew_leases(checked, self.worker_id, self.settings.run_lease_s)
                 still_ours = {run.id for run in await self.leases.running_of_worker(self.worker_id)}
             except Exception as exc:
                 # An outage is expected now and then: its error is enough, a traceback every pass is not.
@@ -463,8 +467,9 @@ class RunManager:
                     "lease renewal failed", exc_info=not database_unreachable(exc), extra={"error": repr(exc)}
                 )
                 continue
-            for run_id, active in list(self._active.items()):
-                if run_id not in still_ours and not active.finishing:
+            for run_id in checked:
+                active = self._active.get(run_id)
+                if active is not None and run_id not in still_ours and not active.finishing:
                     # This worker stalled past the lease and another one closed the run: stop it.
                     log.warning("run lost its lease to another worker", extra={"run_id": run_id})
                     self._cancel_local(active, "lost")

@@ -1,8 +1,11 @@
-"""The reaper closes a run whose worker is gone: its done names the follow-ups the run never took,
-and they stay in the conversation, even when the first attempt to close fails."""
+"""Leases: the reaper closes a run whose worker is gone (its done names the follow-ups the run never
+took, and they stay in the conversation, even when the first attempt to close fails); a worker's
+heartbeat never takes its own new run for one another worker closed."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +18,7 @@ from tests.integration.conftest import run_in_own_loop
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
     FakeLLM,
+    GatedAgent,
     clients_fixture,
     gated_llm_fixture,
     redis_prefix_fixture,
@@ -87,3 +91,38 @@ def test_a_lost_runs_done_names_its_untaken_follow_ups_even_after_a_failed_close
     contents = [m["content"] for m in api.http.get(f"/api/conversations/{conv}").json()["messages"]]
     for note in ("also this", "and that"):
         assert sum(note in str(content) for content in contents) == 1
+
+
+def test_a_run_started_during_the_heartbeats_lease_check_is_not_taken_for_lost(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heartbeat lists the worker's running runs, then compares: a run whose row was committed
+    after that list was read must not be cancelled as closed by another worker."""
+    agent = gated_llm.play(GatedAgent(tokens=3))
+    agent.close_gate()
+    listed, release = threading.Event(), threading.Event()
+    running_of_worker = RunRepo.running_of_worker
+
+    async def list_then_hold(self: RunRepo, worker_id: str) -> list[Any]:
+        runs = await running_of_worker(self, worker_id)
+        if not listed.is_set():
+            listed.set()
+            await asyncio.to_thread(release.wait, 10)
+        return runs
+
+    monkeypatch.setattr(RunRepo, "running_of_worker", list_then_hold)
+    api = clients(start_service(redis=False, run_lease_s=0.3).base_url)
+    first_conv, second_conv = api.create_conversation(), api.create_conversation()
+    first = api.start_run(first_conv)  # the heartbeat only runs while a run is active
+    try:
+        assert listed.wait(10), "the heartbeat never checked its leases"
+        second = api.start_run(second_conv)  # committed after the list was read
+    finally:
+        release.set()
+    agent.gate.set()
+
+    assert api.wait_finished(first)["status"] == "completed"
+    assert api.wait_finished(second)["status"] == "completed"
