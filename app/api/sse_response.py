@@ -137,6 +137,8 @@ class EventStream(EventSourceResponse):
                 async with asyncio.timeout(None if math.isinf(wait) else max(0.0, wait)):
                     message: Message = await receive()
             except TimeoutError:
+                if self._finished:
+                    return  # the body is over: no ping after its last message
                 since = self._sending_since
                 now = loop.time()
                 if since is not None:

@@ -21,7 +21,14 @@ from typing import Protocol
 import orjson
 
 from app.engine.events import AnswerDelta, EngineEvent
-from app.streaming.bus import EventBus, EventOrderError, StoredEvent, next_cursor, parse_cursor
+from app.streaming.bus import (
+    BusClosedError,
+    EventBus,
+    EventOrderError,
+    StoredEvent,
+    next_cursor,
+    parse_cursor,
+)
 
 log = logging.getLogger("app.streaming.publisher")
 
@@ -410,6 +417,11 @@ class RunPublisher:
                     await self._bus.append(self.conversation_id, batch)
             except asyncio.CancelledError:
                 raise
+            except BusClosedError:
+                # This process is shutting down: no retry will find the bus open again. The store
+                # keeps the events; readers elsewhere get them from there.
+                self._bus_given_up = True
+                return
             except Exception as exc:
                 now = time.monotonic()
                 if first_failure is None:

@@ -252,3 +252,41 @@ async def test_a_body_that_fails_raises_and_stops_the_watcher(helpers: Helpers) 
     assert watchers, "the stream ran no watcher"
     assert all(t.cancelled() for t in watchers if t.get_name() == "sse-watcher")
     assert any(t.get_name() == "sse-watcher" for t in watchers)
+
+
+class SlowToFinishClient(Client):
+    """uvicorn marks the response complete as soon as its last body message is handed over, then
+    may wait for the transport before ``receive()`` reports the end: a message sent meanwhile is an
+    error there (``RuntimeError``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.completed = False
+        self.late: list[Message] = []
+
+    async def receive(self) -> Message:
+        if self._requested:
+            await asyncio.sleep(0.3)  # the end is reported late: six ping intervals pass first
+            await self.gone.wait()
+        return await super().receive()
+
+    async def send(self, message: Message) -> None:
+        if self.completed:
+            self.late.append(message)
+            raise RuntimeError("Unexpected ASGI message after response already completed.")
+        self.completed = message["type"] == "http.response.body" and not message.get("more_body", False)
+        await super().send(message)
+
+
+async def test_no_ping_goes_out_after_the_response_completed(helpers: Helpers) -> None:
+    client, body = SlowToFinishClient(), Body()
+    served = await serve(response(body.events(), ping=0.05), client)
+    body.queue.put_nowait(b"id: 1-0\nevent: done\ndata: {}\n\n")
+    body.queue.put_nowait(None)
+
+    await asyncio.wait_for(served, 5)
+    await helpers()
+
+    assert client.late == []
+    ended = await helpers()
+    assert ended and all(not t.cancelled() and t.exception() is None for t in ended)

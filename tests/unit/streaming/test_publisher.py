@@ -333,3 +333,17 @@ async def test_flush_store_returns_once_everything_is_stored_while_a_bus_append_
     bus.gate.set()
     await pub.close()
     assert [e.id for e in await bus.read_after(CONV, "0-0")] == [e.id for e in store.all(CONV)]
+
+
+async def test_a_closed_bus_is_not_retried_and_the_store_still_gets_everything() -> None:
+    """At shutdown the bus is closed under runs still closing: retrying it for ``bus_retry_s``
+    would only hold up the process's exit."""
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, bus_retry_s=30.0)
+    await bus.close()
+
+    await pub.publish(ThinkingStarted(iteration=1))
+    await pub.publish(run_done())
+    await asyncio.wait_for(pub.close(), timeout=2)
+
+    assert [e.event for e in store.all(CONV)] == ["step", "done"]
