@@ -89,11 +89,11 @@ class RunPublisher:
     once everything published (the ``done`` event included) is on the bus and in the store, then
     sets the stream to expire in ``retention_s``.
 
-    The bus is retried for ``bus_retry_s`` per batch; past that the publisher gives the bus up for
-    the rest of the run (sending later events would leave a silent hole for live followers) and
-    readers get the events from the store. The store is retried for ``store_retry_s``, an error
-    of ``permanent_store_errors`` not at all; past that ``flush()``/``close()`` raise
-    ``EventPersistError``.
+    The bus is retried for ``bus_retry_s`` per batch; past that the batch is left to the store and
+    the following batches get one attempt each until the bus answers again. Every entry names the
+    event before it, so readers see the gap and fill it from the store. The store is retried for
+    ``store_retry_s``, an error of ``permanent_store_errors`` not at all; past that
+    ``flush()``/``close()`` raise ``EventPersistError``.
     """
 
     def __init__(
@@ -150,7 +150,16 @@ class RunPublisher:
         self._closed = False
         self._done_published = False
         self._bus_given_up = False
+        """No more bus for this run: its send loop crashed, or the bus was closed (shutdown)."""
+        self._bus_down = False
+        """The last batch was left to the store after the bus failed for ``bus_retry_s``: the next
+        ones get one attempt each until one succeeds."""
         self._store_error: EventPersistError | None = None
+        """The first failure to store (events missing from the log); flush()/close() raise it."""
+        self._store_dead = False
+        """The store loop stopped for good (it crashed, or the store refuses this run's events)."""
+        self._store_down = False
+        """The last batch was dropped after ``store_retry_s``: the next ones get one attempt each."""
         self._bus_task: asyncio.Task[None] | None = None
         self._store_task: asyncio.Task[None] | None = None
 
@@ -231,7 +240,7 @@ class RunPublisher:
         self._urgent = True
         self._end_store_wait()
         self._store_wake.set()
-        while self._store_error is None:
+        while not self._store_dead:
             self._store_pending_now()
             if not self._to_store and not self._saving:
                 break
@@ -325,7 +334,7 @@ class RunPublisher:
 
     def _flushed(self) -> bool:
         bus_idle = (not self._pending and not self._sending) or self._bus_given_up
-        store_idle = (not self._to_store and not self._saving) or self._store_error is not None
+        store_idle = (not self._to_store and not self._saving) or self._store_dead
         return bus_idle and store_idle
 
     def _store_pending_now(self) -> None:
@@ -340,9 +349,7 @@ class RunPublisher:
                 self._store_wake.set()
 
     def _notify(self) -> None:
-        if self._store_waiters and (
-            (not self._to_store and not self._saving) or self._store_error is not None
-        ):
+        if self._store_waiters and ((not self._to_store and not self._saving) or self._store_dead):
             store_waiters, self._store_waiters = self._store_waiters, []
             for waiter in store_waiters:
                 _resolve(waiter)
@@ -354,7 +361,7 @@ class RunPublisher:
 
     async def _store_caught_up(self) -> None:
         """Wait until the store has saved everything queued for it (or has failed for good)."""
-        while (self._to_store or self._saving) and self._store_error is None:
+        while (self._to_store or self._saving) and not self._store_dead:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._store_waiters.append(waiter)
             await waiter
@@ -389,7 +396,7 @@ class RunPublisher:
                     await asyncio.sleep(wait)
             self._sending = True
             batch = self._take()
-            if self._store_error is None:
+            if not self._store_dead:
                 self._to_store_later(batch)
                 if any(event.is_done for event in batch):
                     # A client that sees done may read the run's events from the database next
@@ -426,13 +433,22 @@ class RunPublisher:
                 now = time.monotonic()
                 if first_failure is None:
                     first_failure = now
-                gave_up = now - first_failure > self._bus_retry_s or (
-                    isinstance(exc, EventOrderError) and attempt > 0
-                )
-                if gave_up:
-                    self._bus_given_up = True
+                if self._bus_down or now - first_failure > self._bus_retry_s:
+                    # Past the retry budget (or the bus is already known to be down): this batch
+                    # is left to the store. Later batches still go to the bus, naming the events
+                    # before them (``prev``), so a reader sees the gap and fills it from the
+                    # database; the bus is never given up for the rest of the run, which would
+                    # leave its followers waiting for events that only the database gets.
+                    if not self._bus_down:
+                        log.error(
+                            "event bus unusable; events go to the database only until it answers",
+                            extra={**self._context, "error": str(exc)},
+                        )
+                    self._bus_down = True
+                    return
+                if isinstance(exc, EventOrderError) and attempt > 0:
                     log.error(
-                        "event bus unusable; the run's remaining events go to the database only",
+                        "event bus holds later events than this run's; batch left to the database",
                         extra={**self._context, "error": str(exc)},
                     )
                     return
@@ -446,6 +462,9 @@ class RunPublisher:
                 await asyncio.sleep(_backoff(attempt, 1.0))
                 attempt += 1
                 continue
+            if self._bus_down:
+                log.info("event bus answers again", extra=self._context)
+                self._bus_down = False
             if batch and self._on_published is not None:
                 try:
                     self._on_published(batch)
@@ -458,7 +477,7 @@ class RunPublisher:
         if not self._pending:
             return []
         more = self._take()
-        if self._store_error is None:
+        if not self._store_dead:
             self._to_store_later(more)
             if any(event.is_done for event in more):
                 await self._store_caught_up()  # as in _send_forever: done after everything else
@@ -470,7 +489,9 @@ class RunPublisher:
         except Exception as exc:
             log.exception("event persister crashed", extra=self._context)
             self._store_error = EventPersistError(f"event persister of run {self.run_id} crashed: {exc!r}")
+            self._store_dead = True
             self._saving = False
+            self._to_store.clear()
             self._notify()
 
     async def _store_forever(self) -> None:
@@ -514,18 +535,34 @@ class RunPublisher:
                     first_failure = now
                 # A permanent error (the conversation was deleted) will not pass by retrying.
                 permanent = isinstance(exc, self._permanent_store_errors)
-                if permanent or now - first_failure > self._store_retry_s:
-                    self._store_error = EventPersistError(
-                        f"could not store events of run {self.run_id} for {self._store_retry_s:.0f}s: {exc}"
-                    )
-                    (log.info if permanent else log.error)(
-                        "event store unusable; events of this run are not persisted",
+                if permanent:
+                    self._store_error = EventPersistError(f"events of run {self.run_id} refused: {exc}")
+                    log.info(
+                        "event store refuses this run's events for good; they are not persisted",
                         extra={**self._context, "error": str(exc)},
                     )
+                    self._store_dead = True
                     self._to_store.clear()
                     self._notify()
                     # Stay parked: flush() reports the error; nothing more can be saved.
                     await asyncio.Event().wait()
+                if self._store_down or now - first_failure > self._store_retry_s:
+                    # Past the retry budget (or the store is known to be down): this batch is lost
+                    # to the log (its clients had it from the bus), and flush()/close() will say
+                    # so; the following batches get one attempt each until the store answers.
+                    if self._store_error is None:
+                        self._store_error = EventPersistError(
+                            f"could not store some events of run {self.run_id} "
+                            f"(tried for {self._store_retry_s:.0f}s): {exc}"
+                        )
+                    if not self._store_down:
+                        log.error(
+                            "event store unusable; events are not persisted until it answers",
+                            extra={**self._context, "error": str(exc)},
+                        )
+                    self._store_down = True
+                    del self._to_store[: len(batch)]
+                    return
                 log.warning(
                     "event store save failed; retrying",
                     extra={**self._context, "error": str(exc)},
@@ -533,5 +570,8 @@ class RunPublisher:
                 await asyncio.sleep(_backoff(attempt, 2.0))
                 attempt += 1
                 continue
+            if self._store_down:
+                log.info("event store answers again", extra=self._context)
+                self._store_down = False
             del self._to_store[: len(batch)]
             return

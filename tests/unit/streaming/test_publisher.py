@@ -197,6 +197,27 @@ async def test_close_raises_when_the_store_stays_down_past_its_retry_budget() ->
     assert bus.expired == [(CONV, 600)]  # and the stream still expires
 
 
+async def test_a_store_back_after_its_retry_budget_gets_the_rest_of_the_run() -> None:
+    """An outage past the budget costs the log the batch that waited through it, not the rest of
+    the run; close() still says that events are missing."""
+    bus, store = ScriptedBus(), MemoryStore()
+    store.fail_saves = 10**9
+    pub = publisher(bus, store, store_retry_s=0.05)
+    lost = await pub.publish(ThinkingStarted(iteration=1))
+    with pytest.raises(EventPersistError):
+        await pub.flush_store()
+    store.fail_saves = 0
+
+    kept = await pub.publish(ThinkingStarted(iteration=2))
+    await pub.publish(run_done())
+    with pytest.raises(EventPersistError):
+        await asyncio.wait_for(pub.close(), timeout=5)
+
+    assert lost is not None and kept is not None
+    assert [e.id for e in store.all(CONV)][:1] == [kept.id] and store.all(CONV)[-1].event == "done"
+    assert [e.event for e in await bus.read_after(CONV, "0-0")] == ["step", "step", "done"]
+
+
 async def test_bus_outage_is_retried_in_order_and_a_half_applied_batch_is_not_duplicated() -> None:
     bus, store = ScriptedBus(), MemoryStore()
     bus.gate = asyncio.Event()
@@ -218,16 +239,36 @@ async def test_bus_outage_is_retried_in_order_and_a_half_applied_batch_is_not_du
     assert store.all(CONV) == on_bus
 
 
-async def test_a_bus_down_past_its_retry_budget_is_given_up_and_the_store_keeps_everything() -> None:
+async def test_a_bus_down_past_its_retry_budget_leaves_events_to_the_store_and_the_run_ends() -> None:
     bus, store = ScriptedBus(), MemoryStore()
     bus.fail_appends = 10**9
     pub = publisher(bus, store, bus_retry_s=0.05)
     await pub.publish(ThinkingStarted(iteration=1))
     await pub.publish(run_done())
-    await pub.close()
+    await asyncio.wait_for(pub.close(), timeout=5)  # the done's batch gets one attempt, not 0.05 s more
     assert [e.event for e in store.all(CONV)] == ["step", "done"]
     assert await bus.last_id(CONV) is None
-    assert bus.expired == []
+
+
+async def test_once_the_bus_answers_again_later_events_reach_it_naming_the_ones_it_missed() -> None:
+    """A bus given up for the rest of the run left its followers waiting for events only the
+    database got; the next entry's ``prev`` shows them the gap instead."""
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.fail_appends = 10**9
+    pub = publisher(bus, store, bus_retry_s=0.05)
+    missed = [await pub.publish(ThinkingStarted(iteration=n)) for n in (1, 2)]
+    await pub.flush()  # both left to the store
+    bus.fail_appends = 0
+
+    later = await pub.publish(ThinkingStarted(iteration=3))
+    await pub.publish(run_done())
+    await pub.close()
+
+    on_bus = await bus.read_after(CONV, "0-0")
+    assert missed[-1] is not None and later is not None
+    assert [e.id for e in on_bus][:1] == [later.id] and on_bus[0].prev == missed[-1].id
+    assert on_bus[-1].event == "done"
+    assert [e.event for e in store.all(CONV)] == ["step", "step", "step", "done"]
 
 
 async def test_done_is_on_the_bus_and_in_the_store_when_close_returns() -> None:
