@@ -56,19 +56,22 @@ def _undecodable(cause: BaseException) -> str:
 
 _OUTAGES: tuple[type[Exception], ...] = (
     ConnectionError,
+    TimeoutError,
     DBAPIError,
     PoolTimeoutError,
     RedisConnectionError,
     RedisTimeoutError,
     BusUnavailableError,
 )
-"""What a request runs into while the database or Redis is restarting (DBAPIError only when it
-says the connection is gone)."""
+"""What a request runs into while the database or Redis is restarting or does not answer
+(DBAPIError only when it says the connection is gone)."""
 
 
 def _is_outage(exc: Exception) -> bool:
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, BusUnavailableError, ConnectionError)):
-        return True
+    if isinstance(
+        exc, (RedisConnectionError, RedisTimeoutError, BusUnavailableError, ConnectionError, TimeoutError)
+    ):
+        return True  # TimeoutError: PostgreSQL gave no answer within its command timeout
     return database_unreachable(exc)
 
 

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 
+POSTGRES_COMMAND_TIMEOUT_S = 60.0
+"""Longest a PostgreSQL statement may take. Bounds the wait on a connection that a firewall or NAT
+dropped without a word (no reset): otherwise a write would hang until TCP gives up, about 15
+minutes, and with it every run's event saves, which share one writer."""
+
 # Drivers people write in DATABASE_URL out of habit, mapped to the async driver we ship.
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -72,10 +77,15 @@ def create_engine(
             # Every active run and open stream borrows connections briefly; SQLAlchemy's default
             # 5 + 10 ran dry at 200 concurrent conversations a worker (docs/reliability.md).
             kwargs.update(pool_size=10, max_overflow=20)
+        kwargs["connect_args"] = postgres_connect_args()
         engine = create_async_engine(parsed, **kwargs)
         event.listen(engine.sync_engine, "checkout", _check_alive)
         return engine
     return create_async_engine(parsed, **kwargs)
+
+
+def postgres_connect_args() -> dict[str, Any]:
+    return {"command_timeout": POSTGRES_COMMAND_TIMEOUT_S}
 
 
 def _pending_input(driver_connection: Any) -> bool:
@@ -159,7 +169,11 @@ class Database:
         self.lease_sessionmaker = self.sessionmaker
         if self.engine.dialect.name != "sqlite":
             self._lease_engine = create_async_engine(
-                self.engine.url, pool_size=1, max_overflow=1, pool_pre_ping=True
+                self.engine.url,
+                pool_size=1,
+                max_overflow=1,
+                pool_pre_ping=True,
+                connect_args=postgres_connect_args(),
             )
             self.lease_sessionmaker = async_sessionmaker(self._lease_engine, expire_on_commit=False)
 

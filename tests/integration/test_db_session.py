@@ -115,3 +115,21 @@ async def test_postgres_checkout_pings_only_a_connection_the_server_spoke_on(
         assert len(pings) <= 1
     finally:
         await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_postgres_statement_that_outlasts_the_command_timeout_fails_instead_of_waiting(
+    postgres_server: PostgresServer, postgres_migrated_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What bounds the wait on a connection dropped without a reset: no answer within the timeout."""
+    monkeypatch.setattr("app.db.session.POSTGRES_COMMAND_TIMEOUT_S", 0.3)
+    db = Database(postgres_server.async_url(postgres_migrated_database))
+    try:
+        for sessionmaker in (db.sessionmaker, db.lease_sessionmaker):
+            async with sessionmaker() as session:
+                with pytest.raises(TimeoutError):
+                    await session.execute(text("SELECT pg_sleep(5)"))
+        async with db.sessionmaker() as session:
+            assert await session.scalar(text("SELECT 1")) == 1  # the pool goes on
+    finally:
+        await db.dispose()

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db.repositories import ConversationRepo
 from app.errors import ShuttingDownError
 from app.runs.manager import RunManager
 from tests.integration.service.conftest import Api
@@ -372,3 +373,20 @@ def test_a_chat_whose_run_cannot_start_leaves_no_conversation_behind(
 
     assert response.status_code == 503, response.text
     assert alice.snapshot() == before
+
+
+def test_a_database_that_does_not_answer_in_time_is_503_not_500(
+    alice: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL statements have a command timeout (a connection dropped without a reset)."""
+    conv = alice.create_conversation()
+
+    async def no_answer(*_: Any, **__: Any) -> None:
+        raise TimeoutError
+
+    monkeypatch.setattr(ConversationRepo, "get", no_answer)
+    response = alice.http.get(f"/api/conversations/{conv['id']}")
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "unavailable"
+    assert response.headers["Retry-After"] == "1"
