@@ -50,11 +50,14 @@ class MemoryEventBus:
 
     A conversation's events are dropped ``retention_s`` after its last append (a safety net for a
     run that never ends), or earlier when ``expire()`` says so; a new append cancels a pending
-    ``expire()``, since a new run has started. Events dropped here are still in the database.
+    ``expire()``, since a new run has started. A conversation keeps at most about ``maxlen``
+    events, as the Redis bus's streams do: one whose runs follow each other closely never expires.
+    Events dropped here are still in the database, and readers see the gap (``prev``).
     """
 
-    def __init__(self, retention_s: float = 600) -> None:
+    def __init__(self, retention_s: float = 600, maxlen: int | None = 100_000) -> None:
         self._retention_s = retention_s
+        self._maxlen = maxlen
         self._logs: dict[str, _Log] = {}
         self._closed = False
 
@@ -75,6 +78,10 @@ class MemoryEventBus:
             previous = key
         log.events.extend(events)
         log.keys.extend(keys)
+        if self._maxlen is not None and len(log.events) > self._maxlen + self._maxlen // 8:
+            # Trimmed in steps, not per append: the oldest eighth goes at once.
+            del log.events[: len(log.events) - self._maxlen]
+            del log.keys[: len(log.keys) - self._maxlen]
         log.touched = time.monotonic()
         if log.explicit_expiry:
             log.cancel_expiry()

@@ -82,3 +82,19 @@ async def test_an_abandoned_empty_conversation_leaves_nothing_behind() -> None:
     await asyncio.gather(task, return_exceptions=True)
     await follow.aclose()
     assert "conv_empty" not in bus._logs
+
+
+async def test_a_busy_conversation_keeps_about_maxlen_events_and_a_reader_behind_starts_after_them() -> None:
+    """Runs that follow each other within the retention never let a conversation expire: its log is
+    trimmed like a Redis stream's, and what is gone is in the database."""
+    bus = MemoryEventBus(maxlen=100)
+    follower = bus.follow(CONV, "0-0")
+    for n in range(1, 301):
+        await bus.append(CONV, [stored(n)])
+
+    held = await bus.read_after(CONV, "0-0", limit=1000)
+    assert 100 <= len(held) <= 100 + 100 // 8
+    assert held[-1] == stored(300)
+    first = await anext(follower)  # a reader at 0-0 now starts after the trimmed part (the gap)
+    assert first == held[0] and first.id != stored(1).id
+    await follower.aclose()
