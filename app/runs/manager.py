@@ -361,10 +361,11 @@ class RunManager:
         active.finishing = True
         try:
             if active.cancel_reason == "lost":
-                # Closed with its done by another worker: add nothing after that done, and leave
-                # the conversation's queue to whichever run comes next.
+                # Closed with its done by another worker: add nothing after that done (what this
+                # worker still had queued is dropped), and leave the conversation's queue to
+                # whichever run comes next.
                 log.warning("run was closed by another worker; stopped it here")
-                await publisher.close()
+                await publisher.discard()
             else:
                 await self._finish(active, publisher, queue, result, engine_done, status, error)
         except ConversationNotFoundError:

@@ -258,17 +258,31 @@ class RunPublisher:
             await self.flush()
         finally:
             self._closed = True
-            for task in (self._bus_task, self._store_task):
-                if task is not None:
-                    task.cancel()
-            for task in (self._bus_task, self._store_task):
-                if task is not None:
-                    try:
-                        await task
-                    except asyncio.CancelledError:
-                        pass
+            await self._stop_tasks()
             if self._done_published and not self._bus_given_up:
                 await self._start_retention()
+
+    async def discard(self) -> None:
+        """Stop at once, sending and storing nothing more of what is queued: for a run that another
+        worker closed (with its own done), after which this run's events would be strays."""
+        if self._closed:
+            return
+        self._closing = True
+        self._closed = True
+        self._pending.clear()
+        self._to_store.clear()
+        await self._stop_tasks()
+
+    async def _stop_tasks(self) -> None:
+        for task in (self._bus_task, self._store_task):
+            if task is not None:
+                task.cancel()
+        for task in (self._bus_task, self._store_task):
+            if task is not None:
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
     async def _start_retention(self) -> None:
         try:

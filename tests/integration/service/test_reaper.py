@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy import text
 
 from app.db.repositories import RunRepo
 from app.db.session import Database
+from app.streaming.bus import StoredEvent
 from tests.integration.conftest import run_in_own_loop
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
@@ -24,7 +26,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     redis_prefix_fixture,
     start_service_fixture,
 )
-from tests.support.server import ServerThread
+from tests.support.server import ServerThread, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -126,3 +128,47 @@ def test_a_run_started_during_the_heartbeats_lease_check_is_not_taken_for_lost(
 
     assert api.wait_finished(first)["status"] == "completed"
     assert api.wait_finished(second)["status"] == "completed"
+
+
+def test_a_run_another_worker_closed_stops_here_and_adds_nothing_after_that_close(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+) -> None:
+    """This worker stalled past the lease and another closed the run with its own done: the
+    heartbeat stops the run here, and nothing of it lands after that done."""
+    agent = gated_llm.play(GatedAgent(tokens=3))
+    agent.close_gate()  # the run waits in its first LLM call
+    api = clients(start_service(redis=False, run_lease_s=0.3).base_url)
+    conv = api.create_conversation()
+    run_id = api.start_run(conv)
+    with api.stream(conv) as stream:
+        seen = stream.read(count=1)
+
+    async def close_elsewhere() -> None:
+        db = Database(migrated_database_url)
+        try:
+            done = StoredEvent(f"{time.time_ns() // 1_000_000 + 1}-0", "done", '{"status":"failed"}', run_id)
+            assert await RunRepo(db.sessionmaker).finish(
+                run_id,
+                status="failed",
+                answer="",
+                iterations=1,
+                usage={},
+                elapsed=1.0,
+                error="closed elsewhere",
+                pending_injections=[],
+                conversation_id=conv,
+                done=done,
+            )
+        finally:
+            await db.dispose()
+
+    run_in_own_loop(close_elsewhere)
+    wait_until(lambda: "agentstream_active_runs 0.0" in api.http.get("/metrics").text, timeout=10)
+    agent.gate.set()
+
+    events = api.events(run_id)
+    assert seen and events[-1]["event"] == "done" and events[-1]["data"]["status"] == "failed"
+    assert api.run(run_id)["error"] == "closed elsewhere"

@@ -388,3 +388,24 @@ async def test_a_closed_bus_is_not_retried_and_the_store_still_gets_everything()
     await asyncio.wait_for(pub.close(), timeout=2)
 
     assert [e.event for e in store.all(CONV)] == ["step", "done"]
+
+
+async def test_discard_drops_what_is_queued_and_sends_nothing_more() -> None:
+    """A run another worker closed with its own done: nothing of this one may follow that done."""
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store, store_interval_ms=10_000)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await wait_until(bus.in_append.is_set)  # the first batch is in flight
+    await pub.publish(ThinkingStarted(iteration=2))
+    await pub.publish(AnswerDelta("stray"))
+
+    await asyncio.wait_for(pub.discard(), timeout=2)
+    bus.gate.set()
+    await pub.close()  # a no-op now, as in the run manager's clean-up
+
+    held = [orjson.loads(e.data).get("iteration") for e in await bus.read_after(CONV, "0-0")]
+    assert held in ([], [1])
+    assert all(orjson.loads(e.data).get("iteration") == 1 for e in store.all(CONV))
+    with pytest.raises(PublisherClosedError):
+        await pub.publish(ThinkingStarted(iteration=3))
