@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import OwnerDep, ServicesDep
-from app.api.routes.stream import SEND_TIMEOUT_S, SSE_HEADERS, ping_event, title_from
+from app.api.routes.stream import SEAM_WAIT_S, SEND_TIMEOUT_S, SSE_HEADERS, ping_event, title_from
 from app.api.schemas import MAX_MESSAGE_CHARS, error_responses
 from app.api.sse_response import EventStream
 from app.container import Services
@@ -538,7 +538,9 @@ async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, o
         owner, title, agent, chat.question, prior=chat.prior
     )
     completion = Completion(run.id, conversation.id, body.model)
-    events = stream_events(services.bus, services.events, conversation.id, run.start_cursor)
+    events = stream_events(
+        services.bus, services.events, conversation.id, run.start_cursor, seam_wait_s=SEAM_WAIT_S
+    )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return await _streaming(services, completion, events, include_usage)

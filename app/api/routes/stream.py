@@ -29,8 +29,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # it reconnects with its cursor and loses nothing.
 SEND_TIMEOUT_S = 60.0
 # Where the bus shows a hole after a client's cursor (Redis lost events), how long to wait for the
-# database to store what lies in between (app.streaming.resume).
-SEAM_WAIT_S = 5.0
+# database to store what lies in between (app.streaming.resume). It lags by a store interval
+# (0.5 s) when well, by seconds under a write storm; past this the client goes on without them,
+# so the bound is generous: a stall of this long only where events are really lost.
+SEAM_WAIT_S = 30.0
 # How long after a run's close a reconnect right before its done still waits for that done.
 DONE_PENDING_S = 10.0
 
