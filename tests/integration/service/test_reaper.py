@@ -22,6 +22,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     FakeLLM,
     GatedAgent,
     clients_fixture,
+    close_run_elsewhere,
     gated_llm_fixture,
     redis_prefix_fixture,
     start_service_fixture,
@@ -146,26 +147,10 @@ def test_a_run_another_worker_closed_stops_here_and_adds_nothing_after_that_clos
     with api.stream(conv) as stream:
         seen = stream.read(count=1)
 
-    async def close_elsewhere() -> None:
-        db = Database(migrated_database_url)
-        try:
-            done = StoredEvent(f"{time.time_ns() // 1_000_000 + 1}-0", "done", '{"status":"failed"}', run_id)
-            assert await RunRepo(db.sessionmaker).finish(
-                run_id,
-                status="failed",
-                answer="",
-                iterations=1,
-                usage={},
-                elapsed=1.0,
-                error="closed elsewhere",
-                pending_injections=[],
-                conversation_id=conv,
-                done=done,
-            )
-        finally:
-            await db.dispose()
-
-    run_in_own_loop(close_elsewhere)
+    done = StoredEvent(f"{time.time_ns() // 1_000_000 + 1}-0", "done", '{"status":"failed"}', run_id)
+    assert close_run_elsewhere(
+        migrated_database_url, run_id, "closed elsewhere", conversation_id=conv, done=done
+    )
     wait_until(lambda: "agentstream_active_runs 0.0" in api.http.get("/metrics").text, timeout=10)
     agent.gate.set()
 

@@ -27,6 +27,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     GatedAgent,
     as_stored,
     clients_fixture,
+    close_run_elsewhere,
     gated_llm_fixture,
     redis_prefix_fixture,
     start_service_fixture,
@@ -213,23 +214,6 @@ def test_a_reconnect_between_a_runs_close_and_its_done_waits_for_the_done_rather
         seen = stream.read(until=thinking)
 
     # Another worker closes the run (a reaper, say): the row first, the done event a moment later.
-    async def close_row() -> None:
-        db = Database(migrated_database_url)
-        try:
-            closed = await RunRepo(db.sessionmaker).finish(
-                run_id,
-                status="failed",
-                answer="",
-                iterations=1,
-                usage={},
-                elapsed=1.0,
-                error="lost",
-                pending_injections=[],
-            )
-            assert closed
-        finally:
-            await db.dispose()
-
     async def publish_done() -> None:
         db = Database(migrated_database_url)
         bus = RedisEventBus(REDIS_URL, redis_prefix)
@@ -251,7 +235,7 @@ def test_a_reconnect_between_a_runs_close_and_its_done_waits_for_the_done_rather
             await bus.close()
             await db.dispose()
 
-    run_in_own_loop(close_row)
+    assert close_run_elsewhere(migrated_database_url, run_id, "lost")
     with api.stream(conv, last_event_id=seen[-1].id) as stream:
         # A 204 here would stop an EventSource for good, one event short of the done.
         assert stream.status_code == 200

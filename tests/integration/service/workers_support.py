@@ -30,7 +30,11 @@ import httpx
 import pytest
 import redis
 
+from app.db.repositories import RunRepo
+from app.db.session import Database
 from app.settings import Settings
+from app.streaming.bus import StoredEvent
+from tests.integration.conftest import run_in_own_loop
 from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
 from tests.support.server import ServerProcess, ServerThread, wait_until
 from tests.support.services import REDIS_URL
@@ -494,3 +498,35 @@ def start_stream_interrupt_and_cancel_across_workers(llm: FakeLLM, a: Api, b: Ap
     assert took < 3.0, f"cancel took {took:.1f}s"
     assert a.run(second_id)["status"] == "cancelled"
     assert as_stored(received) == b.wait_stored(second_id)
+
+
+def close_run_elsewhere(
+    database_url: str,
+    run_id: str,
+    error: str,
+    *,
+    conversation_id: str | None = None,
+    done: StoredEvent | None = None,
+) -> bool:
+    """Close ``run_id`` as ``failed`` the way another worker (a reaper) does, from a database
+    handle of its own; with ``done``, stored with the close. Whether this close was the one."""
+
+    async def close() -> bool:
+        db = Database(database_url)
+        try:
+            return await RunRepo(db.sessionmaker).finish(
+                run_id,
+                status="failed",
+                answer="",
+                iterations=1,
+                usage={},
+                elapsed=1.0,
+                error=error,
+                pending_injections=[],
+                conversation_id=conversation_id,
+                done=done,
+            )
+        finally:
+            await db.dispose()
+
+    return run_in_own_loop(close)
