@@ -182,4 +182,4 @@ async def _store_has_between(
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.05)
+        pause = min(pause * 2, 0.25)  # quick while the lag is a store interval, gentle in an outage

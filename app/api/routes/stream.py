@@ -29,10 +29,12 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # it reconnects with its cursor and loses nothing.
 SEND_TIMEOUT_S = 60.0
 # Where the bus shows a hole after a client's cursor (Redis lost events), how long to wait for the
-# database to store what lies in between (app.streaming.resume). It lags by a store interval
-# (0.5 s) when well, by seconds under a write storm; past this the client goes on without them,
-# so the bound is generous: a stall of this long only where events are really lost.
-SEAM_WAIT_S = 30.0
+# database to store what lies in between (app.streaming.resume). The wait ends as soon as the
+# database holds anything after the cursor: the events of the hole, or, if they are really lost,
+# the bus entry after it (every event is queued for the database before it is sent to the bus).
+# So it only runs long while the database is behind or down, and then waiting is right: this
+# bound matches how long a publisher retries the database (store_retry_s) before it drops a batch.
+SEAM_WAIT_S = 120.0
 # How long after a run's close a reconnect right before its done still waits for that done.
 DONE_PENDING_S = 10.0
 
