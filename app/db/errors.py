@@ -26,6 +26,15 @@ class ConversationNotFoundError(PersistenceError):
         self.conversation_id = conversation_id
 
 
+class EventIdTakenError(PersistenceError):
+    """An event with this id is already stored (another process took it in the same millisecond);
+    nothing of the transaction was kept, so the caller may retry under a new id."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"event id {event_id} is already taken")
+        self.event_id = event_id
+
+
 class InvalidCursorError(PersistenceError, ValueError):
     """A pagination or event cursor that this service did not hand out."""
 

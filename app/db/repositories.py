@@ -24,7 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.errors import ConversationNotFoundError, InvalidCursorError, RunActiveError
+from app.db.errors import ConversationNotFoundError, EventIdTakenError, InvalidCursorError, RunActiveError
 from app.db.models import RUN_STATUSES, Conversation, Message, Run, RunEvent, utcnow
 from app.llm.base import ChatMessage, Role, ToolCall
 from app.streaming.bus import StoredEvent, later_cursor, parse_cursor
@@ -268,10 +268,12 @@ def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
     }
 
 
-async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
-    """Insert event rows in the caller's transaction, skipping ids already stored."""
+async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> int:
+    """Insert event rows in the caller's transaction, skipping ids already stored; how many were new
+    (exact for one row; executemany may not count)."""
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    await session.execute(insert(_events).on_conflict_do_nothing(), rows)
+    result = await session.execute(insert(_events).on_conflict_do_nothing(), rows)
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def _event_record(row: Any) -> StoredEvent:
@@ -506,7 +508,8 @@ class RunRepo:
         has its done in the log and the next run of the conversation starts after it
         (``start``). A retry of a close whose commit went through but whose answer was lost
         finds its very done stored (same id, same bytes) and returns True again; another closer's
-        done, even under the same id, does not count.
+        done, even under the same id, does not count. Raises ``EventIdTakenError``, keeping
+        nothing, if the run was open but another event holds the done's id.
         """
         if status not in FINAL_STATUSES:
             raise ValueError(f"a run cannot finish as {status!r}")
@@ -538,8 +541,14 @@ class RunRepo:
                         return True  # this very close, committed by an earlier attempt
                 if messages:
                     await _append_messages(session, conversation_id, run_id, messages)
-                if done is not None and closed:
-                    await _insert_events(session, [_event_row(conversation_id, done)])
+                if (
+                    done is not None
+                    and closed
+                    and not await _insert_events(session, [_event_row(conversation_id, done)])
+                ):
+                    # Another process stored an event under this id: a close without its done in
+                    # the log would leave readers waiting. Undo it all; the caller restamps.
+                    raise EventIdTakenError(done.id)
         return closed
 
     async def renew_leases(self, run_ids: Sequence[str], worker_id: str, lease_s: float) -> None:
@@ -699,3 +708,11 @@ class EventRepo:
     async def last_id(self, conversation_id: str) -> str | None:
         async with self._sessionmaker() as session:
             return await session.scalar(_LAST_EVENT_ID, {"b_conversation": conversation_id})
+
+    async def holds(self, conversation_id: str, event: StoredEvent) -> bool:
+        """Whether ``event`` itself (its id with its bytes) is stored."""
+        ms, seq = _event_cursor(event.id)
+        params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
+        async with self._sessionmaker() as session:
+            row = (await session.execute(_EVENT_STORED, params)).first()
+        return row is not None and tuple(row) == (event.run_id, event.event, event.data)

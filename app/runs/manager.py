@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
-from app.db.errors import ConversationNotFoundError, RunActiveError, database_unreachable
+from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError, database_unreachable
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import AnswerDelta, EngineEvent, IterationDone, RunDone, ThinkingStarted, Usage
@@ -40,6 +40,8 @@ T = TypeVar("T")
 
 CLOSE_RETRY_S = 120.0
 """How long a finished run waits for an unreachable database to store its end (as the publisher)."""
+CLOSE_ID_ATTEMPTS = 3
+"""How many ids a run's done may try when another process stored an event under the one it took."""
 
 CancelReason = Literal["user", "shutdown", "lost"]
 """Why a run's task was cancelled: by its user, by this worker's shutdown, or because another
@@ -420,29 +422,34 @@ class RunManager:
                 error=error,
                 pending_injections=tuple(pending),
             )
-        done_event = publisher.stamp(done)
-        finished = await _while_unreachable(
-            lambda: self.runs.finish(
-                active.run_id,
-                status=done.status,
-                answer=done.answer,
-                iterations=done.iterations,
-                usage=dict(done.usage),
-                elapsed=done.elapsed,
-                error=done.error,
-                pending_injections=list(pending),
-                messages=new_messages,
-                conversation_id=conv_id,
-                done=done_event,
+
+        async def close(stamped: StoredEvent) -> bool:
+            return await _while_unreachable(
+                lambda: self.runs.finish(
+                    active.run_id,
+                    status=done.status,
+                    answer=done.answer,
+                    iterations=done.iterations,
+                    usage=dict(done.usage),
+                    elapsed=done.elapsed,
+                    error=done.error,
+                    pending_injections=list(pending),
+                    messages=new_messages,
+                    conversation_id=conv_id,
+                    done=stamped,
+                )
             )
-        )
-        if finished:
-            await publisher.publish_stored(done_event)
-            self.metrics.runs.labels(done.status).inc()
-            log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
-        else:
+
+        finished, done_event = await _close_with_done(publisher, done, close)
+        if not finished:
             log.warning("run was already closed elsewhere; its done event is not sent twice")
-        await publisher.close()
+            await publisher.discard()  # nothing of it may follow the other close's done
+            return
+        await publisher.publish_stored(done_event)
+        self.metrics.runs.labels(done.status).inc()
+        log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
+        with contextlib.suppress(EventPersistError):  # events missing from the log: logged already
+            await publisher.close()
 
     def _count_published(self, events: list[StoredEvent]) -> None:
         self.metrics.events_published.inc(len(events))
@@ -506,8 +513,6 @@ class RunManager:
         current = await self.runs.get_any(run.id)
         if current is None or current.status != "running":
             return False
-        queue = self.interrupt_queue(run.conversation_id)
-        pending = await _drain_quietly(queue)
         publisher = RunPublisher(
             self.bus,
             self.events,
@@ -518,19 +523,22 @@ class RunManager:
             on_published=self._count_published,
             permanent_store_errors=(ConversationNotFoundError,),
         )
-        done = publisher.stamp(
-            RunDone(
-                answer=answer,
-                iterations=iterations,
-                usage=Usage().as_dict(),
-                elapsed=elapsed,
-                status="failed",
-                error=error,
-                pending_injections=tuple(pending),
-            )
+        queue = self.interrupt_queue(run.conversation_id)
+        pending = await _drain_quietly(queue)
+        done = RunDone(
+            answer=answer,
+            iterations=iterations,
+            usage=Usage().as_dict(),
+            elapsed=elapsed,
+            status="failed",
+            error=error,
+            pending_injections=tuple(pending),
         )
-        try:
-            finished = await self.runs.finish(
+        stamped: list[StoredEvent] = []
+
+        async def close(event: StoredEvent) -> bool:
+            stamped.append(event)
+            return await self.runs.finish(
                 run.id,
                 status="failed",
                 answer=answer,
@@ -541,21 +549,34 @@ class RunManager:
                 pending_injections=pending,
                 messages=follow_up_messages(pending),
                 conversation_id=run.conversation_id,
-                done=done,
+                done=event,
             )
+
+        try:
+            finished, done_event = await _close_with_done(publisher, done, close)
         except BaseException:
-            await _put_back(queue, pending)
+            # The follow-ups go back unless this close went through after all (its answer lost).
+            if not (stamped and await self._holds_quietly(run.conversation_id, stamped[-1])):
+                await _put_back(queue, pending)
             raise
         if not finished:
             return False
-        await publisher.publish_stored(done)
-        await publisher.close()
+        await publisher.publish_stored(done_event)
+        with contextlib.suppress(EventPersistError):
+            await publisher.close()
         self.metrics.runs.labels("failed").inc()
         log.warning(
             "closed a run whose worker was lost",
             extra={"run_id": run.id, "conversation_id": run.conversation_id},
         )
         return True
+
+    async def _holds_quietly(self, conversation_id: str, event: StoredEvent) -> bool:
+        """Whether ``event`` is stored; False when the database cannot tell."""
+        try:
+            return await self.events.holds(conversation_id, event)
+        except Exception:
+            return False
 
     async def _salvage_events(self, run: RunRecord) -> None:
         """Store the events the lost worker put on the bus but had not stored yet.
@@ -604,6 +625,21 @@ async def _drain_quietly(queue: InterruptQueue) -> list[str]:
     except Exception as exc:
         log.warning("could not drain the interrupt queue", extra={"error": repr(exc)})
         return []
+
+
+async def _close_with_done(
+    publisher: RunPublisher, done: RunDone, close: Callable[[StoredEvent], Awaitable[bool]]
+) -> tuple[bool, StoredEvent]:
+    """``close(done as stamped)``, stamped again under the next id if another process took that one
+    (the close kept nothing then): whether the run was closed, and the done as stored."""
+    for _ in range(CLOSE_ID_ATTEMPTS - 1):
+        stamped = publisher.stamp(done)
+        try:
+            return await close(stamped), stamped
+        except EventIdTakenError as exc:
+            log.warning("the done's event id was taken; stamping it again", extra={"error": str(exc)})
+    stamped = publisher.stamp(done)
+    return await close(stamped), stamped
 
 
 async def _put_back(queue: InterruptQueue, contents: list[str]) -> None:

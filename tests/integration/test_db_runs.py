@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.db.errors import ConversationNotFoundError, RunActiveError
+from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.session import Database
 from app.llm.base import ChatMessage
@@ -426,3 +426,23 @@ async def test_a_finish_losing_to_another_closers_done_under_the_same_id_is_fals
     assert await events.read_after(conv.id, ZERO_CURSOR) == [winner]
     stored = await ConversationRepo(database.sessionmaker).messages(conv.id)
     assert [m.content for m in stored] == ["hello", "late note"]
+
+
+async def test_a_close_whose_done_id_another_process_took_keeps_nothing_and_says_so(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    events = EventRepo(database.sessionmaker)
+    run = await start(runs, conv)
+    other = StoredEvent("1000-0", "step", '{"run_id":"elsewhere"}', "run_elsewhere")
+    await events.save(conv.id, [other])
+
+    with pytest.raises(EventIdTakenError):
+        said = [ChatMessage(role="assistant", content="a")]
+        await close_with_done(runs, run, done_event("1000-0", run.id), said)
+
+    assert (await runs.get_any(run.id)).status == "running"  # type: ignore[union-attr]
+    assert [m.content for m in await ConversationRepo(database.sessionmaker).messages(conv.id)] == ["hello"]
+    assert await events.read_after(conv.id, ZERO_CURSOR) == [other]
+    assert await close_with_done(runs, run, done_event("1000-1", run.id))
+    assert await events.holds(conv.id, done_event("1000-1", run.id))
+    assert not await events.holds(conv.id, done_event("1000-0", run.id))

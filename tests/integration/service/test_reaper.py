@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from app.db.errors import EventIdTakenError
 from app.db.repositories import RunRepo
 from app.db.session import Database
 from app.streaming.bus import StoredEvent
@@ -131,14 +132,16 @@ def test_a_run_started_during_the_heartbeats_lease_check_is_not_taken_for_lost(
     assert api.wait_finished(second)["status"] == "completed"
 
 
-def test_a_run_another_worker_closed_stops_here_and_adds_nothing_after_that_close(
+def test_a_run_another_worker_closed_is_stopped_here_and_the_other_close_stands(
     start_service: Callable[..., ServerThread],
     gated_llm: FakeLLM,
     clients: Callable[[str], Api],
     migrated_database_url: str,
 ) -> None:
     """This worker stalled past the lease and another closed the run with its own done: the
-    heartbeat stops the run here, and nothing of it lands after that done."""
+    heartbeat stops the run here and the other close stands. (That nothing the run still had
+    queued is sent after that done is ``RunPublisher.discard``'s unit test: here the run waits in
+    an LLM call, with nothing queued.)"""
     agent = gated_llm.play(GatedAgent(tokens=3))
     agent.close_gate()  # the run waits in its first LLM call
     api = clients(start_service(redis=False, run_lease_s=0.3).base_url)
@@ -157,3 +160,69 @@ def test_a_run_another_worker_closed_stops_here_and_adds_nothing_after_that_clos
     events = api.events(run_id)
     assert seen and events[-1]["event"] == "done" and events[-1]["data"]["status"] == "failed"
     assert api.run(run_id)["error"] == "closed elsewhere"
+
+
+def test_a_done_whose_id_was_taken_is_stamped_again_and_the_run_closes(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agent = gated_llm.play(GatedAgent(tokens=3))
+    finish = RunRepo.finish
+    refused: list[str] = []
+
+    async def taken_once(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
+        done = kwargs.get("done")
+        if done is not None and not refused:
+            refused.append(done.id)
+            raise EventIdTakenError(done.id)  # as if another process stored an event under it
+        return await finish(self, run_id, **kwargs)
+
+    monkeypatch.setattr(RunRepo, "finish", taken_once)
+    api = clients(start_service(redis=False).base_url)
+    conv = api.create_conversation()
+    run_id = api.start_run(conv)
+
+    assert api.wait_finished(run_id)["status"] == "completed"
+    events = api.wait_stored(run_id)
+    assert events[-1]["data"]["answer"] == agent.answer
+    assert refused and events[-1]["id"] != refused[0]
+
+
+def test_a_reaper_close_that_went_through_despite_an_error_does_not_put_follow_ups_back(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The close committed but its answer was lost: the follow-ups are in the conversation (with
+    the close); put back as well, the next run would get them a second time."""
+    finish = RunRepo.finish
+    answered: list[bool] = []
+
+    async def answer_lost_once(self: RunRepo, run_id: str, **kwargs: Any) -> bool:
+        result = await finish(self, run_id, **kwargs)
+        if not answered:
+            answered.append(result)
+            raise ConnectionError("the connection broke after the commit")
+        return result
+
+    monkeypatch.setattr(RunRepo, "finish", answer_lost_once)
+    agent = gated_llm.play(GatedAgent(tokens=3))
+    api = clients(start_service(redis=False, run_lease_s=0.4).base_url)
+    conv = api.create_conversation()
+    lost = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
+    assert api.interrupt(conv, "only once").status_code == 202
+
+    assert api.wait_finished(lost)["status"] == "failed"
+    assert answered == [True]
+    second = api.start_run(conv)
+    with api.stream(conv) as stream:
+        events = stream.read(until=lambda e: e.event == "done")
+
+    assert events[-1].data["run_id"] == second and events[-1].data["answer"] == agent.answer
+    assert [e for e in events if e.event == "inject"] == []  # not handed to the next run again
+    contents = [str(m["content"]) for m in api.http.get(f"/api/conversations/{conv}").json()["messages"]]
+    assert sum("only once" in c for c in contents) == 1
