@@ -398,3 +398,27 @@ def test_models_lists_the_agent(demo: Service, closing: list[Any]) -> None:
     assert oa.models.retrieve("agentstream").id == "agentstream"
     with pytest.raises(openai.NotFoundError):
         oa.models.retrieve("gpt-4o")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_route_reads_its_run_as_the_stream_route_does_waiting_at_holes(
+    demo: Service, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Where Redis lost events the route waits for the database to store them, like /api's stream
+    (it did not wait at all: a database a moment behind made it skip them)."""
+    from app.api.routes import openai_compat
+    from app.api.routes.stream import SEAM_WAIT_S
+
+    seen: list[dict[str, Any]] = []
+    real = openai_compat.stream_events
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(openai_compat, "stream_events", recording)
+    body = {"model": "m", "messages": [{"role": "user", "content": QUESTION}], "stream": stream}
+    response = demo.api(ALICE_KEY).http.post("/v1/chat/completions", json=body)
+
+    assert response.status_code == 200, response.text
+    assert [kwargs.get("seam_wait_s") for kwargs in seen] == [SEAM_WAIT_S]
