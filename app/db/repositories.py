@@ -276,6 +276,14 @@ async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> i
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
+async def _holds(session: AsyncSession, conversation_id: str, event: StoredEvent) -> bool:
+    """Whether ``event`` itself (its id with its bytes) is stored."""
+    ms, seq = _event_cursor(event.id)
+    params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
+    row = (await session.execute(_EVENT_STORED, params)).first()
+    return row is not None and tuple(row) == (event.run_id, event.event, event.data)
+
+
 def _event_record(row: Any) -> StoredEvent:
     return StoredEvent(id=row.id, event=row.event, data=row.data, run_id=row.run_id)
 
@@ -533,12 +541,8 @@ class RunRepo:
             )
             closed = bool(result.rowcount)  # type: ignore[attr-defined]
             if conversation_id is not None:
-                if done is not None and not closed:
-                    ms, seq = _event_cursor(done.id)
-                    params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
-                    stored = (await session.execute(_EVENT_STORED, params)).first()
-                    if stored is not None and tuple(stored) == (done.run_id, done.event, done.data):
-                        return True  # this very close, committed by an earlier attempt
+                if done is not None and not closed and await _holds(session, conversation_id, done):
+                    return True  # this very close, committed by an earlier attempt
                 if messages:
                     await _append_messages(session, conversation_id, run_id, messages)
                 if (
@@ -711,8 +715,5 @@ class EventRepo:
 
     async def holds(self, conversation_id: str, event: StoredEvent) -> bool:
         """Whether ``event`` itself (its id with its bytes) is stored."""
-        ms, seq = _event_cursor(event.id)
-        params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
         async with self._sessionmaker() as session:
-            row = (await session.execute(_EVENT_STORED, params)).first()
-        return row is not None and tuple(row) == (event.run_id, event.event, event.data)
+            return await _holds(session, conversation_id, event)

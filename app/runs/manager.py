@@ -425,19 +425,7 @@ class RunManager:
 
         async def close(stamped: StoredEvent) -> bool:
             return await _while_unreachable(
-                lambda: self.runs.finish(
-                    active.run_id,
-                    status=done.status,
-                    answer=done.answer,
-                    iterations=done.iterations,
-                    usage=dict(done.usage),
-                    elapsed=done.elapsed,
-                    error=done.error,
-                    pending_injections=list(pending),
-                    messages=new_messages,
-                    conversation_id=conv_id,
-                    done=stamped,
-                )
+                lambda: self._close_row(active.run_id, conv_id, done, stamped, new_messages)
             )
 
         finished, done_event = await _close_with_done(publisher, done, close)
@@ -450,6 +438,29 @@ class RunManager:
         log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
         with contextlib.suppress(EventPersistError):  # events missing from the log: logged already
             await publisher.close()
+
+    async def _close_row(
+        self,
+        run_id: str,
+        conversation_id: str,
+        done: RunDone,
+        stamped: StoredEvent,
+        messages: Sequence[ChatMessage],
+    ) -> bool:
+        """Close the run's row as ``done`` says, with ``messages`` and the stamped done itself."""
+        return await self.runs.finish(
+            run_id,
+            status=done.status,
+            answer=done.answer,
+            iterations=done.iterations,
+            usage=dict(done.usage),
+            elapsed=done.elapsed,
+            error=done.error,
+            pending_injections=list(done.pending_injections),
+            messages=messages,
+            conversation_id=conversation_id,
+            done=stamped,
+        )
 
     def _count_published(self, events: list[StoredEvent]) -> None:
         self.metrics.events_published.inc(len(events))
@@ -538,18 +549,8 @@ class RunManager:
 
         async def close(event: StoredEvent) -> bool:
             stamped.append(event)
-            return await self.runs.finish(
-                run.id,
-                status="failed",
-                answer=answer,
-                iterations=iterations,
-                usage=Usage().as_dict(),
-                elapsed=elapsed,
-                error=error,
-                pending_injections=pending,
-                messages=follow_up_messages(pending),
-                conversation_id=run.conversation_id,
-                done=event,
+            return await self._close_row(
+                run.id, run.conversation_id, done, event, follow_up_messages(pending)
             )
 
         try:
