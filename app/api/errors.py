@@ -54,25 +54,20 @@ def _undecodable(cause: BaseException) -> str:
     return "the request body is not valid JSON"
 
 
-_OUTAGES: tuple[type[Exception], ...] = (
+_ALWAYS_OUTAGES: tuple[type[Exception], ...] = (
     ConnectionError,
-    TimeoutError,
-    DBAPIError,
-    PoolTimeoutError,
+    TimeoutError,  # PostgreSQL gave no answer within its command timeout
     RedisConnectionError,
     RedisTimeoutError,
     BusUnavailableError,
 )
+_OUTAGES: tuple[type[Exception], ...] = (*_ALWAYS_OUTAGES, DBAPIError, PoolTimeoutError)
 """What a request runs into while the database or Redis is restarting or does not answer
 (DBAPIError only when it says the connection is gone)."""
 
 
 def _is_outage(exc: Exception) -> bool:
-    if isinstance(
-        exc, (RedisConnectionError, RedisTimeoutError, BusUnavailableError, ConnectionError, TimeoutError)
-    ):
-        return True  # TimeoutError: PostgreSQL gave no answer within its command timeout
-    return database_unreachable(exc)
+    return isinstance(exc, _ALWAYS_OUTAGES) or database_unreachable(exc)
 
 
 def _internal_error(request: Request, exc: Exception) -> JSONResponse:
