@@ -18,15 +18,23 @@ from app.engine.context import ContextGuard
 from app.engine.events import AnswerSignalled, EventSink, PhaseChanged, RunDone, Usage
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueue
-from app.engine.loop import LoopOutcome, LoopSettings, LoopStrategy, ToolLoop
+from app.engine.loop import LoopSettings, LoopStrategy, ToolLoop
 from app.engine.loop_json import JsonStrategy
 from app.engine.loop_native import NativeStrategy
 from app.engine.selection import select_tools
+from app.engine.state import Checkpointer, Journal, LoopOutcome, LoopState, RunCheckpoint
 from app.engine.synthesis import synthesize
 from app.llm.base import LLM, ChatMessage
 from app.tools.registry import ToolRegistry
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _RunIds:
+    run_id: str
+    conversation_id: str
+    owner: str
 
 
 @dataclass
@@ -93,11 +101,20 @@ class ReActAgent:
         interrupts: InterruptQueue | None = None,
         run_id: str = "",
         conversation_id: str = "",
+        owner: str = "",
         usage: Usage | None = None,
+        checkpointer: Checkpointer | None = None,
+        resume: RunCheckpoint | None = None,
+        elapsed_before: float = 0.0,
     ) -> AgentResult:
         """Run the loop and synthesis; ``usage``, when given, is added to as calls complete, so a
-        caller that cancels the run still knows what the calls made so far cost."""
-        started = time.monotonic()
+        caller that cancels the run still knows what the calls made so far cost.
+
+        With a ``checkpointer`` the run's progress is checkpointed at every safe point; ``resume``
+        (the run's checkpoints, folded) carries on a run from where its last attempt left it, on
+        the same ``question`` and ``history``. ``elapsed_before`` is the time the run took before
+        this attempt (its ``done`` reports the whole)."""
+        started = time.monotonic() - elapsed_before
         usage = usage if usage is not None else Usage()
         kept: list[ChatMessage] = []
         try:
@@ -106,11 +123,12 @@ class ReActAgent:
                 sink=sink,
                 history=history,
                 interrupts=interrupts,
-                run_id=run_id,
-                conversation_id=conversation_id,
+                ids=_RunIds(run_id, conversation_id, owner),
                 usage=usage,
                 kept=kept,
                 started=started,
+                checkpointer=checkpointer,
+                resume=resume,
             )
         except asyncio.CancelledError:
             raise
@@ -152,48 +170,71 @@ class ReActAgent:
         sink: EventSink,
         history: Sequence[ChatMessage],
         interrupts: InterruptQueue | None,
-        run_id: str,
-        conversation_id: str,
+        ids: _RunIds,
         usage: Usage,
         kept: list[ChatMessage],
         started: float,
+        checkpointer: Checkpointer | None,
+        resume: RunCheckpoint | None,
     ) -> AgentResult:
         cfg = self._config
-        registry = await self._select_tools(question, sink, usage, run_id)
+        run_id = ids.run_id
+        resume = resume if resume is not None and not resume.empty else None
+        selected = resume.selected if resume is not None else None
+        if selected is not None:
+            registry = self._tools.subset(selected)
+        else:
+            registry = await self._select_tools(question, sink, usage, run_id)
         strategy: LoopStrategy = (
             NativeStrategy(registry) if self.native_mode_active else JsonStrategy(registry)
         )
 
         question_message = ChatMessage(role="user", content=question, pinned=True)
-        kept.append(question_message)
-        messages = [
+        initial = [
             ChatMessage(role="system", content=strategy.system_prompt(cfg.system_prompt)),
             *history,
             question_message,
         ]
-        loop = ToolLoop(
-            llm=self._llm,
-            registry=registry,
-            strategy=strategy,
-            settings=LoopSettings(
-                max_iterations=max(1, cfg.max_iterations),
-                cycle_detection_threshold=cfg.cycle_detection_threshold,
-                self_reflection_interval=cfg.self_reflection_interval,
-                completion_check=cfg.completion_check,
-                completion_check_min_tools=cfg.completion_check_min_tools,
-            ),
-            hooks=self._hooks,
-            guard=ContextGuard(self._llm, cfg.context_token_budget),
-            sink=sink,
-            usage=usage,
-            question=question,
-            messages=messages,
-            kept=kept,
-            interrupts=interrupts,
-            run_id=run_id,
-            conversation_id=conversation_id,
-        )
-        outcome = await loop.run()
+        if resume is not None:
+            state = resume.loop_state(initial)
+        else:
+            state = LoopState(messages=initial, kept=[question_message])
+        kept[:] = state.kept
+        state.kept = kept  # the caller's list: what a crash of the engine still keeps
+        journal: Journal | None = None
+        if checkpointer is not None:
+            journal = Journal(checkpointer, state, restored=resume is not None)
+            if resume is None:
+                journal.start(len(initial))
+            if selected is None and registry is not self._tools:
+                journal.checkpoint(usage, selected=registry.names())
+
+        outcome = resume.loop_outcome() if resume is not None else None
+        if outcome is None:
+            loop = ToolLoop(
+                llm=self._llm,
+                registry=registry,
+                strategy=strategy,
+                settings=LoopSettings(
+                    max_iterations=max(1, cfg.max_iterations),
+                    cycle_detection_threshold=cfg.cycle_detection_threshold,
+                    self_reflection_interval=cfg.self_reflection_interval,
+                    completion_check=cfg.completion_check,
+                    completion_check_min_tools=cfg.completion_check_min_tools,
+                ),
+                hooks=self._hooks,
+                guard=ContextGuard(self._llm, cfg.context_token_budget),
+                sink=sink,
+                usage=usage,
+                question=question,
+                state=state,
+                interrupts=interrupts,
+                journal=journal,
+                run_id=run_id,
+                conversation_id=ids.conversation_id,
+                owner=ids.owner,
+            )
+            outcome = await loop.run()
         if outcome.error is not None:
             return await self._finish(
                 outcome,

@@ -1,7 +1,8 @@
 """Deterministic guards against drift in the tool loop (E-19, E-20, E-21).
 
 Each guard is a small state machine that the loop creates afresh for every run, so nothing carries
-over between runs. They only decide *whether* to nudge the model; the texts live in ``prompts``.
+over between runs (a new attempt of the same run starts them from its checkpoint). They only decide
+*whether* to nudge the model; the texts live in ``prompts``.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class CycleDetector:
     ignored it once tends to keep looping.
     """
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int, *, counts: dict[str, int] | None = None) -> None:
         self._threshold = max(1, threshold)
-        self._counts: dict[str, int] = {}
+        # Shared with the caller (the loop's state), which checkpoints it.
+        self._counts: dict[str, int] = counts if counts is not None else {}
 
     def record(self, tool_name: str, args: Mapping[str, Any]) -> str | None:
         """Count one executed call; returns the warning to inject, or None."""
@@ -54,9 +56,9 @@ class ReflectionSchedule:
     yields a single reflection, placed after all of the batch's results.
     """
 
-    def __init__(self, interval: int) -> None:
+    def __init__(self, interval: int, *, tool_calls: int = 0) -> None:
         self._interval = max(1, interval)
-        self.tool_calls = 0
+        self.tool_calls = tool_calls
 
     def record(self, real_calls: int) -> bool:
         before = self.tool_calls
@@ -67,10 +69,10 @@ class ReflectionSchedule:
 class CompletionChecklist:
     """E-21: at most one verification prompt per run, and only after enough tools were used."""
 
-    def __init__(self, *, enabled: bool, min_tools: int) -> None:
+    def __init__(self, *, enabled: bool, min_tools: int, fired: bool = False) -> None:
         self._enabled = enabled
         self._min_tools = max(1, min_tools)
-        self.fired = False
+        self.fired = fired
 
     def should_fire(self, tools_used: int) -> bool:
         """True exactly once per run, when the model signals done with enough tools used."""

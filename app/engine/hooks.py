@@ -34,6 +34,9 @@ class ToolCallContext:
     """None when the model named a tool that does not exist."""
     call_id: str = ""
     """Identifies one call across its pre and post hooks (parallel calls share an iteration)."""
+    idempotency_key: str = ""
+    """``"<run_id>:<call_id>"``: the same for a call repeated by a new attempt of the run (R-05)."""
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)

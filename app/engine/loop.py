@@ -6,7 +6,9 @@ differs between the modes is a small ``LoopStrategy`` (how to ask, how to parse,
 back, when interrupts are drained): ``loop_json.JsonStrategy`` and ``loop_native.NativeStrategy``.
 
 The message list only ever grows by appending (the context guard may replace it when it compacts),
-so an iteration costs the same at step 50 as at step 1.
+so an iteration costs the same at step 50 as at step 1. The loop's state lives in a ``LoopState``
+(``app.engine.state``), checkpointed as it goes, so that a new attempt of the run can carry on
+from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from app.engine import prompts
 from app.engine.context import ContextGuard
@@ -33,6 +35,15 @@ from app.engine.events import (
 from app.engine.guards import CompletionChecklist, CycleDetector, ReflectionSchedule
 from app.engine.hooks import HookRegistry, ToolCallContext
 from app.engine.interrupts import InterruptQueue, merge_interrupts
+from app.engine.state import (
+    CallRecord,
+    Journal,
+    LoopOutcome,
+    LoopState,
+    PendingReply,
+    PlannedCall,
+    ReplyKind,
+)
 from app.engine.synthesis import TraceStep
 from app.llm.base import (
     LLM,
@@ -42,7 +53,7 @@ from app.llm.base import (
     LLMResponseError,
     LLMUnavailableError,
 )
-from app.tools.registry import ToolRegistry, ToolResult
+from app.tools.registry import ToolInvocation, ToolRegistry, ToolResult
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +65,6 @@ MAX_BAD_REPLIES = 3
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedCall:
-    """A tool call the model asked for."""
-
-    call_id: str
-    tool_name: str
-    args: dict[str, Any]
-    args_error: str | None = None
-    """Set when the model's arguments were unusable (not JSON, not an object): the call is not run."""
-
-
-@dataclass(frozen=True, slots=True)
 class ParsedReply:
     """One LLM reply, read by a strategy.
 
@@ -72,7 +72,7 @@ class ParsedReply:
     (JSON mode only, E-08): ``answer`` holds the raw content.
     """
 
-    kind: Literal["tools", "final", "unparsed"]
+    kind: ReplyKind
     reasoning: str
     assistant: ChatMessage
     calls: tuple[PlannedCall, ...] = ()
@@ -116,20 +116,6 @@ class LoopSettings:
     completion_check_min_tools: int
 
 
-@dataclass(slots=True)
-class LoopOutcome:
-    answer: str
-    iterations: int
-    steps: list[TraceStep]
-    tools_used: int
-    follow_ups: list[str]
-    """Interrupt texts injected during the loop, for synthesis."""
-    error: str | None = None
-    """Set when the loop could not reach a usable LLM: the run fails."""
-    exhausted: bool = False
-    """True when ``max_iterations`` ran out and ``answer`` is the E-15 fallback."""
-
-
 def add_llm_call(usage: Usage, reply: ChatResult) -> None:
     t = reply.usage
     usage.add(Usage(t.prompt_tokens, t.completion_tokens, t.total_tokens, reply.attempts))
@@ -161,7 +147,13 @@ def observation_of(result: ToolResult) -> str:
 
 @dataclass(slots=True)
 class ToolLoop:
-    """One run's tool loop. Create a new one per run: every counter and guard starts at zero."""
+    """One run's tool loop, from its first iteration or from where a checkpoint left it.
+
+    Create a new one per attempt: every counter and guard starts from ``state``. With a
+    ``journal``, a checkpoint is recorded at every safe point (RUNS.md R-01): after each LLM reply
+    (with the calls it asks for), after each tool result, at the end of each iteration (after its
+    drain of follow-ups), and when the loop ends.
+    """
 
     llm: LLM
     registry: ToolRegistry
@@ -172,31 +164,42 @@ class ToolLoop:
     sink: EventSink
     usage: Usage
     question: str
-    messages: list[ChatMessage]
-    """What the LLM sees, system prompt first."""
-    kept: list[ChatMessage]
-    """The run's messages worth keeping as history: no engine nudges, no superseded answers."""
+    state: LoopState
     interrupts: InterruptQueue | None = None
+    journal: Journal | None = None
     run_id: str = ""
     conversation_id: str = ""
-    steps: list[TraceStep] = field(default_factory=list)
-    follow_ups: list[str] = field(default_factory=list)
-    tools_used: int = 0
+    owner: str = ""
+    cycles: CycleDetector = field(init=False)
+    reflection: ReflectionSchedule = field(init=False)
+    checklist: CompletionChecklist = field(init=False)
+
+    def __post_init__(self) -> None:
+        s, cfg = self.state, self.settings
+        self.cycles = CycleDetector(cfg.cycle_detection_threshold, counts=s.cycles)
+        self.reflection = ReflectionSchedule(cfg.self_reflection_interval, tool_calls=s.reflection_calls)
+        self.checklist = CompletionChecklist(
+            enabled=cfg.completion_check, min_tools=cfg.completion_check_min_tools, fired=s.checklist_fired
+        )
 
     async def run(self) -> LoopOutcome:
-        cycles = CycleDetector(self.settings.cycle_detection_threshold)
-        reflection = ReflectionSchedule(self.settings.self_reflection_interval)
-        checklist = CompletionChecklist(
-            enabled=self.settings.completion_check, min_tools=self.settings.completion_check_min_tools
-        )
+        outcome = await self._iterate()
+        self._checkpoint(outcome=outcome)
+        return outcome
+
+    async def _iterate(self) -> LoopOutcome:
+        s = self.state
         limit = self.settings.max_iterations
-        bad_replies = 0
-        last_unparsed = False
-        for iteration in range(1, limit + 1):
+        if s.pending is not None:
+            # A new attempt, mid-iteration: the reply is known; finish what it asked for.
+            outcome = await self._complete(s.pending)
+            if outcome is not None:
+                return outcome
+        for iteration in range(s.iteration + 1, limit + 1):
             await self._guard_context()
             await self.sink(ThinkingStarted(iteration))
             try:
-                reply = await self.strategy.ask(self.llm, self.messages)
+                reply = await self.strategy.ask(self.llm, s.messages)
             except LLMUnavailableError as exc:
                 self.usage.llm_calls += exc.attempts
                 await self.sink(ThinkingDone(iteration, f"(LLM unavailable: {exc})"))
@@ -209,79 +212,142 @@ class ToolLoop:
             except LLMResponseError as exc:
                 # A malformed reply is retried by the next iteration, which counts toward the limit.
                 self.usage.llm_calls += exc.attempts
-                bad_replies += 1
+                s.bad_replies += 1
                 await self.sink(ThinkingDone(iteration, f"(unusable LLM reply: {exc})"))
-                if bad_replies >= MAX_BAD_REPLIES:
-                    error = f"LLM returned {bad_replies} unusable replies in a row; last: {exc}"
+                if s.bad_replies >= MAX_BAD_REPLIES:
+                    error = f"LLM returned {s.bad_replies} unusable replies in a row; last: {exc}"
                     return self._outcome("", iteration, error=error)
+                s.iteration = iteration
+                self._checkpoint()
                 continue
-            bad_replies = 0
+            s.bad_replies = 0
             add_llm_call(self.usage, reply)
 
-            parsed = self.strategy.parse(reply)
+            parsed = self._with_unique_ids(self.strategy.parse(reply), iteration)
             await self.sink(ThinkingDone(iteration, parsed.reasoning))
             self._append(parsed.assistant, keep=parsed.kind == "tools")
-
             injected = await self._drain() if self.strategy.drains_before_tools else False
-            if parsed.calls:
-                await self._run_calls(iteration, parsed.calls, cycles, reflection)
-            if not self.strategy.drains_before_tools:
-                injected = await self._drain()
+            pending = s.pending = PendingReply(
+                iteration, parsed.kind, parsed.reasoning, parsed.answer, parsed.calls, injected
+            )
+            self._checkpoint()
+            outcome = await self._complete(pending)
+            if outcome is not None:
+                return outcome
 
-            if parsed.kind == "tools":
-                last_unparsed = False
-                continue
-            if parsed.kind == "unparsed" and not last_unparsed and iteration < limit:
-                # E-08: the raw reply is already in the history; ask once for the proper format.
-                # With no iteration left for that retry, the raw reply is the answer (it was
-                # parsed as a final answer; the limit's fallback would throw its text away).
-                last_unparsed = True
-                self._append(ChatMessage(role="user", content=prompts.REFORMAT_INSTRUCTION), keep=False)
-                continue
-            # A final answer, or an unparseable reply (the second in a row, or on the last
-            # iteration) whose raw text is the answer.
-            accept_raw = parsed.kind == "unparsed"
-            last_unparsed = accept_raw
-            if injected and iteration < limit:
-                # E-25: the user said more; the pending answer is superseded. With no iteration
-                # left, the answer stands and synthesis still sees the follow-ups.
-                continue
-            if not accept_raw and iteration < limit and checklist.should_fire(self.tools_used):
-                checklist_text = prompts.completion_checklist(json_mode=self.strategy.json_mode)
-                self._append(ChatMessage(role="user", content=checklist_text), keep=False)
-                continue
-            return self._outcome(parsed.answer, iteration)
-
-        calls = [(s.tool_name, s.error) for s in self.steps]
+        calls = [(step.tool_name, step.error) for step in s.steps]
         return self._outcome(prompts.max_iterations_answer(limit, calls), limit, exhausted=True)
+
+    async def _complete(self, pending: PendingReply) -> LoopOutcome | None:
+        """The rest of ``pending``'s iteration: its calls, the drain, the decision. Returns the
+        loop's outcome when it is over, None to go on with the next iteration."""
+        s = self.state
+        if pending.calls:
+            await self._run_calls(pending)
+        injected = pending.injected
+        if not self.strategy.drains_before_tools:
+            injected = await self._drain()
+        s.pending = None
+        s.iteration = pending.iteration
+        outcome = self._decide(pending, injected)
+        if outcome is None:
+            self._checkpoint()  # an outcome is checkpointed by run()
+        return outcome
+
+    def _decide(self, pending: PendingReply, injected: bool) -> LoopOutcome | None:
+        s = self.state
+        iteration, limit = pending.iteration, self.settings.max_iterations
+        if pending.kind == "tools":
+            s.last_unparsed = False
+            return None
+        if pending.kind == "unparsed" and not s.last_unparsed and iteration < limit:
+            # E-08: the raw reply is already in the history; ask once for the proper format.
+            # With no iteration left for that retry, the raw reply is the answer (it was
+            # parsed as a final answer; the limit's fallback would throw its text away).
+            s.last_unparsed = True
+            self._append(ChatMessage(role="user", content=prompts.REFORMAT_INSTRUCTION), keep=False)
+            return None
+        # A final answer, or an unparseable reply (the second in a row, or on the last
+        # iteration) whose raw text is the answer.
+        accept_raw = pending.kind == "unparsed"
+        s.last_unparsed = accept_raw
+        if injected and iteration < limit:
+            # E-25: the user said more; the pending answer is superseded. With no iteration
+            # left, the answer stands and synthesis still sees the follow-ups.
+            return None
+        if not accept_raw and iteration < limit and self.checklist.should_fire(s.tools_used):
+            checklist_text = prompts.completion_checklist(json_mode=self.strategy.json_mode)
+            self._append(ChatMessage(role="user", content=checklist_text), keep=False)
+            return None
+        return self._outcome(pending.answer, iteration)
 
     def _outcome(
         self, answer: str, iterations: int, *, error: str | None = None, exhausted: bool = False
     ) -> LoopOutcome:
+        s = self.state
+        s.iteration = max(s.iteration, iterations)
         return LoopOutcome(
             answer=answer,
             iterations=iterations,
-            steps=self.steps,
-            tools_used=self.tools_used,
-            follow_ups=self.follow_ups,
+            steps=s.steps,
+            tools_used=s.tools_used,
+            follow_ups=s.follow_ups,
             error=error,
             exhausted=exhausted,
         )
 
+    def _checkpoint(self, **extra: Any) -> None:
+        if self.journal is None:
+            return
+        s = self.state
+        s.reflection_calls = self.reflection.tool_calls
+        s.checklist_fired = self.checklist.fired
+        self.journal.checkpoint(self.usage, **extra)
+
+    def _with_unique_ids(self, parsed: ParsedReply, iteration: int) -> ParsedReply:
+        """``parsed`` with every call id unique within the run (a provider may send none, or
+        ``call_0`` on every reply): the ids are the calls' idempotency keys (R-05)."""
+        if not parsed.calls:
+            return parsed
+        taken = self.state.call_ids
+        calls: list[PlannedCall] = []
+        renamed = False
+        for index, call in enumerate(parsed.calls):
+            call_id = call.call_id
+            if not call_id or call_id in taken:
+                call_id = f"call_{iteration}_{index}"
+                while call_id in taken:
+                    call_id += "x"
+                call = replace(call, call_id=call_id)
+                renamed = True
+            taken.add(call_id)
+            calls.append(call)
+        if not renamed:
+            return parsed
+        assistant = parsed.assistant
+        if len(assistant.tool_calls) == len(calls):
+            assistant = replace(
+                assistant,
+                tool_calls=tuple(
+                    replace(tc, id=call.call_id) for tc, call in zip(assistant.tool_calls, calls, strict=True)
+                ),
+            )
+        return replace(parsed, calls=tuple(calls), assistant=assistant)
+
     def _append(self, message: ChatMessage, *, keep: bool) -> None:
-        self.messages.append(message)
+        self.state.messages.append(message)
         if keep:
-            self.kept.append(message)
+            self.state.kept.append(message)
 
     async def _guard_context(self) -> None:
         try:
-            messages, compacted = await self.guard.check_and_compact(self.messages, self.usage)
+            messages, compacted = await self.guard.check_and_compact(self.state.messages, self.usage)
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("context guard failed run_id=%s; continuing uncompacted", self.run_id)
             return
-        self.messages = messages
+        self.state.messages = messages
         if compacted is not None:
             await self.sink(compacted)
 
@@ -298,49 +364,56 @@ class ToolLoop:
             return False
         if not contents:
             return False
-        self.follow_ups.extend(contents)
+        self.state.follow_ups.extend(contents)
         self._append(ChatMessage(role="user", content=merge_interrupts(contents), pinned=True), keep=True)
         await self.sink(Injected("\n".join(contents)))
         return True
 
-    async def _run_calls(
-        self,
-        iteration: int,
-        calls: Sequence[PlannedCall],
-        cycles: CycleDetector,
-        reflection: ReflectionSchedule,
-    ) -> None:
+    async def _run_calls(self, pending: PendingReply) -> None:
+        calls = pending.calls
         if len(calls) == 1:
-            outcomes = [await self._run_call(iteration, calls[0])]
+            outcomes = [await self._run_call(pending, calls[0])]
         else:
-            outcomes = list(await asyncio.gather(*(self._run_call(iteration, c) for c in calls)))
+            outcomes = list(await asyncio.gather(*(self._run_call(pending, c) for c in calls)))
+        s = self.state
         # Results first, in the order of the calls, before any other message (E-06).
         for message in self.strategy.observation_messages(outcomes):
             self._append(message, keep=True)
         real = 0
         for outcome in outcomes:
-            self.steps.append(
+            s.steps.append(
                 TraceStep(outcome.call.tool_name, outcome.call.args, outcome.observation, outcome.error)
             )
             if outcome.ran:
                 real += 1
             if outcome.call.args_error is None:
-                warning = cycles.record(outcome.call.tool_name, outcome.call.args)
+                warning = self.cycles.record(outcome.call.tool_name, outcome.call.args)
                 if warning is not None:
                     self._append(ChatMessage(role="user", content=warning), keep=False)
-        self.tools_used += real
-        if real and reflection.record(real):
+        s.tools_used += real
+        if real and self.reflection.record(real):
             self._append(
                 ChatMessage(
-                    role="user", content=prompts.self_reflection(reflection.tool_calls, self.question)
+                    role="user", content=prompts.self_reflection(self.reflection.tool_calls, self.question)
                 ),
                 keep=False,
             )
 
-    async def _run_call(self, iteration: int, call: PlannedCall) -> CallOutcome:
+    async def _run_call(self, pending: PendingReply, call: PlannedCall) -> CallOutcome:
+        known = pending.results.get(call.call_id)
+        if known is not None:
+            # Finished by an earlier attempt of the run: never run again (R-05); its events were sent.
+            return CallOutcome(call, known.observation, known.error, known.ran)
+        iteration = pending.iteration
         await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args)))
         started = time.monotonic()
-        outcome, result = await self._execute(iteration, call)
+        if call.call_id in pending.started and not self._repeatable(call):
+            # It was running when its worker stopped: it may or may not have taken effect.
+            reason = prompts.interrupted_call(call.tool_name)
+            outcome = CallOutcome(call, reason, reason, ran=False)
+            result = ToolResult(content="", error=reason)
+        else:
+            outcome, result = await self._execute(pending, call)
         await self.sink(
             IterationDone(
                 iteration=iteration,
@@ -351,20 +424,28 @@ class ToolLoop:
                 artifact=artifact_payload(result),
             )
         )
+        pending.results[call.call_id] = CallRecord(outcome.observation, outcome.error, outcome.ran)
+        self._checkpoint()
         return outcome
 
-    async def _execute(self, iteration: int, call: PlannedCall) -> tuple[CallOutcome, ToolResult]:
+    def _repeatable(self, call: PlannedCall) -> bool:
+        tool = self.registry.get(call.tool_name)
+        return tool is None or tool.idempotent or call.args_error is not None
+
+    async def _execute(self, pending: PendingReply, call: PlannedCall) -> tuple[CallOutcome, ToolResult]:
         if call.args_error is not None:
             result = ToolResult(content="", error=call.args_error)
             return CallOutcome(call, observation_of(result), result.error, ran=False), result
         ctx = ToolCallContext(
             run_id=self.run_id,
             conversation_id=self.conversation_id,
-            iteration=iteration,
+            iteration=pending.iteration,
             tool_name=call.tool_name,
             tool_args=call.args,
             tool=self.registry.get(call.tool_name),
             call_id=call.call_id,
+            idempotency_key=f"{self.run_id}:{call.call_id}",
+            owner=self.owner,
         )
         decision = await self.hooks.run_pre(ctx)
         if not decision.allow:
@@ -373,7 +454,18 @@ class ToolLoop:
             return CallOutcome(call, reason, reason, ran=False), ToolResult(content="", error=reason)
         if decision.args is not None:
             ctx = replace(ctx, tool_args=dict(decision.args))
-        result = await self.registry.execute(call.tool_name, ctx.tool_args)
+        if self.journal is not None and not self._repeatable(call):
+            # Stored before the tool starts: a new attempt must know that it may have run (R-05).
+            pending.started.add(call.call_id)
+            self._checkpoint()
+            await self.journal.durable()
+        invocation = ToolInvocation(
+            idempotency_key=ctx.idempotency_key,
+            owner=self.owner,
+            run_id=self.run_id,
+            conversation_id=self.conversation_id,
+        )
+        result = await self.registry.execute(call.tool_name, ctx.tool_args, invocation=invocation)
         result = await self.hooks.run_post(ctx, result)
         return CallOutcome(call, observation_of(result), result.error, ran=ctx.tool is not None), result
 

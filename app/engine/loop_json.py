@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.engine import prompts
-from app.engine.loop import CallOutcome, ParsedReply, PlannedCall, decode_args
+from app.engine.loop import CallOutcome, ParsedReply, decode_args
+from app.engine.state import PlannedCall
 from app.engine.structured import extract_json
 from app.llm.base import LLM, ChatMessage, ChatResult
 from app.tools.registry import ToolRegistry
@@ -23,7 +24,6 @@ class JsonStrategy:
 
     def __init__(self, registry: ToolRegistry) -> None:
         self._registry = registry
-        self._calls = 0
 
     def system_prompt(self, extra: str | None) -> str:
         return prompts.json_system_prompt(self._registry, extra)
@@ -54,8 +54,8 @@ class JsonStrategy:
             if not isinstance(name, str) or not name.strip():
                 return None
             args, error = decode_args(name, action.get("tool_args"))
-            self._calls += 1
-            call = PlannedCall(f"json_call_{self._calls}", name, args, error)
+            # The loop names the call (its id is unique within the run).
+            call = PlannedCall("", name, args, error)
             return ParsedReply("tools", reasoning, assistant, calls=(call,))
         if kind == "final_answer" or (kind is None and "answer" in action):
             answer = action.get("answer")

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.engine import prompts
-from app.engine.loop import CallOutcome, ParsedReply, PlannedCall, decode_args
+from app.engine.loop import CallOutcome, ParsedReply, decode_args
+from app.engine.state import PlannedCall
 from app.llm.base import LLM, ChatMessage, ChatResult
 from app.tools.registry import ToolRegistry
 

@@ -158,3 +158,13 @@ def synthesis_system_prompt(extra: str | None = None) -> str:
     if extra and extra.strip():
         return f"{SYNTHESIS_SYSTEM}\n\nAdditional instructions from the operator:\n{extra.strip()}"
     return SYNTHESIS_SYSTEM
+
+
+def interrupted_call(tool_name: str) -> str:
+    """R-05: the observation of a call that was running when its worker stopped, for a tool that
+    must not run twice."""
+    return (
+        f"The call of `{tool_name}` was interrupted: the worker running it stopped before it returned, "
+        "so it may or may not have taken effect. Do not assume either: check its effect if you can "
+        "before you call it again."
+    )

@@ -45,6 +45,21 @@ ToolFunc = Callable[..., Awaitable[str | ToolOutput]]
 
 
 @dataclass(frozen=True, slots=True)
+class ToolInvocation:
+    """Who calls a tool and under which key, for tools that take it (``Tool.takes_invocation``).
+
+    ``idempotency_key`` is ``"<run_id>:<call_id>"``: the same for every execution of one call, also
+    one repeated by a new attempt of the run after a crash (RUNS.md R-05), so a tool with storage
+    of its own can make a repeat harmless.
+    """
+
+    idempotency_key: str
+    owner: str = ""
+    run_id: str = ""
+    conversation_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Tool:
     name: str
     description: str
@@ -53,6 +68,12 @@ class Tool:
     writes: bool = False
     """Marks tools with side effects; the read-only hook blocks them."""
     timeout_s: float = 30.0
+    idempotent: bool = False
+    """Running the same call twice does no harm (it only reads or computes, or its storage honours
+    the idempotency key): a call cut off by a crash is run again (RUNS.md R-05). Otherwise the model
+    is told that the call was interrupted and may or may not have taken effect."""
+    takes_invocation: bool = False
+    """``func`` takes the keyword argument ``invocation`` (a ``ToolInvocation``)."""
 
     def one_line(self, width: int = 80) -> str:
         """Compact catalog line for tool selection: name and first line of the description."""
@@ -114,16 +135,24 @@ class ToolRegistry:
     def openai_schemas(self) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in self._tools.values()]
 
-    async def execute(self, name: str, args: Mapping[str, Any]) -> ToolResult:
-        return _encodable(await self._execute(name, args))
+    async def execute(
+        self, name: str, args: Mapping[str, Any], *, invocation: ToolInvocation | None = None
+    ) -> ToolResult:
+        return _encodable(await self._execute(name, args, invocation))
 
-    async def _execute(self, name: str, args: Mapping[str, Any]) -> ToolResult:
+    async def _execute(
+        self, name: str, args: Mapping[str, Any], invocation: ToolInvocation | None
+    ) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
             return ToolResult(content="", error=f"Tool '{name}' not found. Available tools: {available}")
+        kwargs = dict(args)
+        if tool.takes_invocation:
+            # Never the model's to set: a key it made up could make a real call look like a repeat.
+            kwargs["invocation"] = invocation or ToolInvocation(idempotency_key="")
         try:
-            out = await asyncio.wait_for(tool.func(**args), timeout=tool.timeout_s)
+            out = await asyncio.wait_for(tool.func(**kwargs), timeout=tool.timeout_s)
         except TimeoutError:
             return ToolResult(content="", error=f"Tool '{name}' timed out after {tool.timeout_s:g}s")
         except TypeError as exc:

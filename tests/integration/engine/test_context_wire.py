@@ -134,7 +134,8 @@ def _messages_at_overflow(question: str, big: str) -> list[ChatMessage]:
         *(ChatMessage(role="tool", content=big, tool_call_id=c.id, name="fetch") for c in batch),
     ]
     for n in range(3):
-        call = ToolCall("call_0_ping", "ping", f'{{"n":{n}}}')
+        # The fake names every call call_0_ping; the engine makes ids unique within the run.
+        call = ToolCall("call_0_ping" if n == 0 else f"call_{n + 2}_0", "ping", f'{{"n":{n}}}')
         msgs.append(ChatMessage(role="assistant", content=None, tool_calls=(call,)))
         msgs.append(ChatMessage(role="tool", content=f"pong {n}", tool_call_id=call.id, name="ping"))
     return msgs

@@ -1,0 +1,290 @@
+"""Checkpoints and resume (RUNS.md R-01, R-02, R-04, R-05, R-06): a run stopped at any checkpoint
+and carried on by a new agent from its folded checkpoints ends exactly as the run that was never
+stopped, and no tool call is silently repeated."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from app.engine import prompts
+from app.engine.agent import AgentConfig, AgentResult, ReActAgent
+from app.engine.events import AnswerDelta, IterationDone, IterationStarted, Usage
+from app.engine.state import RunCheckpoint
+from app.llm.base import ChatMessage, ChatResult, StreamEnd, StreamItem, TextDelta, TokenUsage, ToolCall
+from app.tools.registry import Tool, ToolInvocation, ToolRegistry
+from tests.unit.engine.agent_support import EventLog, PushQueue
+
+ANSWER = ["The ", "sum ", "is ", "done."]
+INTERRUPTED = prompts.interrupted_call("send")
+
+
+class Crash(BaseException):
+    """A worker's death: nothing after it runs (not an Exception, so nothing catches it)."""
+
+
+class PlanningLLM:
+    """A model whose reply depends only on the messages: the same conversation gives the same
+    calls, whichever attempt asks. Native or JSON mode; ``steps`` tool rounds, the second of
+    them with a parallel ``send`` (a tool that must not run twice) beside ``add``."""
+
+    def __init__(self, *, native: bool, steps: int = 3) -> None:
+        self.native = native
+        self.steps = steps
+        self.chat_calls = 0
+        self.stream_calls = 0
+
+    @property
+    def abilities(self) -> Mapping[str, bool]:
+        return {"tool_call": self.native, "json_mode": False, "streaming": True}
+
+    @property
+    def model_name(self) -> str:
+        return "planner"
+
+    def _rounds(self, messages: Sequence[ChatMessage]) -> int:
+        if self.native:
+            return sum(1 for m in messages if m.role == "assistant" and m.tool_calls)
+        return sum(1 for m in messages if m.role == "user" and (m.content or "").startswith("Observation"))
+
+    async def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResult:
+        self.chat_calls += 1
+        done = self._rounds(messages)
+        usage = TokenUsage(10, 1, 11)
+        if done >= self.steps:
+            if self.native:
+                return ChatResult(content="final", usage=usage)
+            return ChatResult(content=json.dumps({"type": "final_answer", "answer": "final"}), usage=usage)
+        if self.native:
+            calls = [ToolCall("call_0", "add", json.dumps({"a": done, "b": 1}))]
+            if done == 1:
+                calls.append(ToolCall("call_1", "send", json.dumps({"to": "bob"})))
+            return ChatResult(content=None, tool_calls=tuple(calls), usage=usage)
+        name, args = ("send", {"to": "bob"}) if done == 1 else ("add", {"a": done, "b": 1})
+        action = {"type": "tool_call", "tool_name": name, "tool_args": args, "reasoning": f"step {done}"}
+        return ChatResult(content=json.dumps(action), usage=usage)
+
+    def stream_chat(self, messages: Sequence[ChatMessage]) -> AsyncIterator[StreamItem]:
+        self.stream_calls += 1
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[StreamItem]:
+        for delta in ANSWER:
+            yield TextDelta(delta)
+        yield StreamEnd(TokenUsage(20, 4, 24))
+
+
+class Tools:
+    """``add`` (idempotent) and ``send`` (must not run twice), counting executions by key."""
+
+    def __init__(self, crash_in: str | None = None) -> None:
+        self.runs: list[tuple[str, str]] = []
+        self.keys: list[str] = []
+        self.crash_in = crash_in
+
+    def registry(self) -> ToolRegistry:
+        async def add(a: int, b: int, invocation: ToolInvocation) -> str:
+            self.runs.append(("add", invocation.idempotency_key))
+            if self.crash_in == "add":
+                self.crash_in = None
+                raise Crash
+            return str(a + b)
+
+        async def send(to: str, invocation: ToolInvocation) -> str:
+            self.runs.append(("send", invocation.idempotency_key))
+            if self.crash_in == "send":
+                self.crash_in = None
+                raise Crash
+            return f"sent to {to}"
+
+        schema = {"type": "object", "properties": {}}
+        return ToolRegistry.of(
+            [
+                Tool("add", "Add.", schema, add, idempotent=True, takes_invocation=True),
+                Tool("send", "Send.", schema, send, takes_invocation=True),
+            ]
+        )
+
+
+class Store:
+    """Checkpoints kept as JSON text, as the database keeps them; ``crash_after`` stops the run
+    right after that many were recorded (and made durable)."""
+
+    def __init__(self, crash_after: int | None = None) -> None:
+        self.rows: list[bytes] = []
+        self.crash_after = crash_after
+        self.durable_calls = 0
+
+    def record(self, delta: dict[str, Any]) -> None:
+        self.rows.append(orjson.dumps(delta))
+        if self.crash_after is not None and len(self.rows) >= self.crash_after:
+            raise Crash
+
+    async def durable(self) -> None:
+        self.durable_calls += 1
+
+    def fold(self) -> RunCheckpoint:
+        return RunCheckpoint.fold(orjson.loads(row) for row in self.rows)
+
+
+def agent(llm: PlanningLLM, tools: Tools) -> ReActAgent:
+    return ReActAgent(llm, tools.registry(), AgentConfig(completion_check=False))
+
+
+async def run_once(
+    llm: PlanningLLM, tools: Tools, store: Store, resume: RunCheckpoint | None = None
+) -> tuple[AgentResult, EventLog]:
+    log = EventLog()
+    result = await agent(llm, tools).run(
+        "add things",
+        sink=log,
+        run_id="run_1",
+        checkpointer=store,
+        resume=resume,
+        usage=resume.usage() if resume is not None else None,
+        interrupts=PushQueue(),
+    )
+    return result, log
+
+
+def shape(messages: Sequence[ChatMessage]) -> list[tuple[Any, ...]]:
+    return [(m.role, m.content, tuple((c.id, c.name, c.arguments) for c in m.tool_calls)) for m in messages]
+
+
+async def reference(native: bool) -> tuple[AgentResult, int]:
+    store = Store()
+    result, _ = await run_once(PlanningLLM(native=native), Tools(), store)
+    return result, len(store.rows)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "json"])
+async def test_a_run_stopped_at_any_checkpoint_resumes_to_the_same_end(native: bool) -> None:
+    expected, checkpoints = await reference(native)
+    assert checkpoints >= 8  # replies, results, iteration ends, the outcome
+
+    for crash_after in range(1, checkpoints + 1):
+        tools = Tools()
+        store = Store(crash_after=crash_after)
+        with pytest.raises(Crash):
+            await run_once(PlanningLLM(native=native), tools, store)
+        store.crash_after = None
+        resumed = store.fold()
+        # Stopped right after "send" was recorded as started: it may have run, so it is not run
+        # again and the model is told (R-05); otherwise the run ends exactly as the reference.
+        pending = resumed.pending
+        cut_off = pending is not None and any(c not in pending.results for c in pending.started)
+
+        llm = PlanningLLM(native=native)
+        result, log = await run_once(llm, tools, store, resumed)
+
+        assert result.status == "completed", crash_after
+        assert result.answer == "".join(ANSWER)
+        want = shape(expected.messages)
+        if cut_off:
+            told = {
+                "sent to bob": INTERRUPTED,
+                prompts.json_observation("send", "sent to bob", failed=False): prompts.json_observation(
+                    "send", INTERRUPTED, failed=True
+                ),
+            }
+            want = [(role, told.get(content, content), calls) for role, content, calls in want]
+        assert shape(result.messages) == want, crash_after
+        assert result.iterations == expected.iterations
+        # A call whose result was checkpointed never runs again; "send" runs at most once.
+        sends = [key for name, key in tools.runs if name == "send"]
+        assert len(sends) == (0 if cut_off else 1), (crash_after, tools.runs)
+        # Usage adds up: what the checkpoints said, and every call of the new attempt.
+        assert result.usage.llm_calls == resumed.usage().llm_calls + llm.chat_calls + llm.stream_calls
+        # The answer is streamed again by the new attempt, whole.
+        assert "".join(e.content for e in log.of(AnswerDelta)) == result.answer
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "json"])
+async def test_a_call_cut_off_is_run_again_only_if_its_tool_is_idempotent(native: bool) -> None:
+    # Cut off inside "add": it runs again, under the same idempotency key.
+    tools = Tools(crash_in="add")
+    store = Store()
+    with pytest.raises(Crash):
+        await run_once(PlanningLLM(native=native), tools, store)
+    first_key = tools.runs[0][1]
+    result, _ = await run_once(PlanningLLM(native=native), tools, store, store.fold())
+    assert result.status == "completed"
+    assert tools.runs[1] == ("add", first_key)
+    assert first_key.startswith("run_1:")
+
+    # Cut off inside "send": the model is told, and it does not run again.
+    tools = Tools(crash_in="send")
+    store = Store()
+    with pytest.raises(Crash):
+        await run_once(PlanningLLM(native=native), tools, store)
+    assert store.durable_calls >= 1, "the start of a call that must not run twice was not made durable"
+    resumed = store.fold()
+    assert resumed.pending is not None and resumed.pending.started
+    result, log = await run_once(PlanningLLM(native=native), tools, store, resumed)
+    assert result.status == "completed"
+    assert [name for name, _ in tools.runs].count("send") == 1
+    interrupted = [e for e in log.of(IterationDone) if e.tool_name == "send"]
+    assert len(interrupted) == 1 and interrupted[0].error is not None
+    assert "may or may not have taken effect" in interrupted[0].observation
+    observations = [m.content or "" for m in result.messages if m.role in ("tool", "user")]
+    assert any("may or may not have taken effect" in text for text in observations)
+
+
+async def test_results_already_checkpointed_are_not_run_or_announced_again() -> None:
+    store = Store()
+    await run_once(PlanningLLM(native=True), Tools(), store)
+    # Keep the checkpoints up to the first result of the round with two parallel calls.
+    for keep in range(1, len(store.rows) + 1):
+        partial = RunCheckpoint.fold(orjson.loads(row) for row in store.rows[:keep])
+        if partial.pending is not None and len(partial.pending.calls) == 2 and partial.pending.results:
+            break
+    else:
+        raise AssertionError("no checkpoint holds one result of the parallel round")
+    assert partial.pending is not None
+    (finished,) = partial.pending.results
+    store.rows = store.rows[:keep]
+
+    tools = Tools()
+    result, log = await run_once(PlanningLLM(native=True), tools, store, store.fold())
+
+    assert result.status == "completed"
+    round_two = [e for e in log.of(IterationStarted) if e.iteration == partial.pending.iteration]
+    assert len(round_two) == 1, "only the call without a result runs (and is announced) again"
+    ran_keys = {key for _, key in tools.runs}
+    assert f"run_1:{finished}" not in ran_keys
+
+
+async def test_a_checkpoint_holds_only_what_changed() -> None:
+    store = Store()
+    llm = PlanningLLM(native=True, steps=40)
+    await agent(llm, Tools()).run(
+        "add things", sink=EventLog(), run_id="r", checkpointer=store, usage=Usage()
+    )
+    sizes = [len(row) for row in store.rows]
+    early, late = sizes[4:10], sizes[-12:-6]
+    # The 40th round's checkpoints are about the size of the first rounds' (R-02).
+    assert max(late) < 2 * max(early), (early, late)
+
+
+async def test_a_run_without_checkpoints_behaves_as_before() -> None:
+    tools = Tools()
+    log = EventLog()
+    result = await agent(PlanningLLM(native=True), tools).run("add things", sink=log, run_id="r")
+    assert result.status == "completed"
+    assert [name for name, _ in tools.runs] == ["add", "add", "send", "add"]
+
+
+async def test_call_ids_and_keys_are_unique_within_a_run_when_the_provider_repeats_them() -> None:
+    tools = Tools()
+    result = await agent(PlanningLLM(native=True), tools).run("add things", sink=EventLog(), run_id="r")
+
+    keys = [key for _, key in tools.runs]
+    assert len(keys) == 4 and len(set(keys)) == 4, keys
+    ids = [c.id for m in result.messages for c in m.tool_calls]
+    assert len(ids) == len(set(ids)) == 4
+    answered = [m.tool_call_id for m in result.messages if m.role == "tool"]
+    assert answered == ids, "each tool message answers the call id its assistant message names"
