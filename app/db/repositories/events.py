@@ -1,0 +1,158 @@
+"""``EventRepo``: the durable event log, written in group commits.
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db.errors import ConversationNotFoundError
+from app.db.models import RunEvent
+from app.db.repositories.rows import (
+    _EVENTS_AFTER,
+    _LAST_EVENT_ID,
+    _event_cursor,
+    _event_record,
+    _event_row,
+    _holds,
+    _insert_events,
+)
+from app.streaming.bus import StoredEvent
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+
+GROUP_ROWS = 5000
+"""Most event rows one group commit writes (one transaction stays short)."""
+
+
+@dataclass(slots=True)
+class _PendingSave:
+    conversation_id: str
+    rows: list[dict[str, Any]]
+    future: asyncio.Future[None]
+
+
+class EventRepo:
+    """The durable event log.
+
+    ``save()`` commits as a group: the saves of every run of the process that come in while a
+    write is in flight go out together in the next transaction, one INSERT for all their rows. At
+    200 concurrent runs that is a few transactions a second instead of hundreds, each of which
+    would hold SQLite's one writer (and its turn in the process's write queue, which the requests
+    share) or a PostgreSQL connection.
+    """
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+        self._queue: list[_PendingSave] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+        """Store ``events``; ids already stored are skipped, so a retry is harmless.
+
+        Returns once they are committed. Raises ``ConversationNotFoundError`` if the conversation
+        is gone (deleted mid-run), or what the database raised for the transaction they were in.
+        """
+        if not events:
+            return
+        rows = [_event_row(conversation_id, stored) for stored in events]
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        # A caller cancelled meanwhile leaves its outcome unread: read it here, quietly.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._queue.append(_PendingSave(conversation_id, rows, future))
+        writer = self._writer
+        if writer is not None and writer.get_loop() is not loop:
+            # Left behind by an event loop that is gone (tests run one per test): so is its queue.
+            self._queue = [pending for pending in self._queue if pending.future.get_loop() is loop]
+            writer = None
+        if writer is None or writer.done():
+            # A task of its own, so that a caller that stops waiting does not stop the others' write.
+            self._writer = asyncio.create_task(self._write_queued(), name="event-store-writer")
+        await asyncio.shield(future)
+
+    async def _write_queued(self) -> None:
+        batch: list[_PendingSave] = []
+        try:
+            while self._queue:
+                # Whole saves, up to GROUP_ROWS rows a transaction (a save bigger than that alone).
+                size = 0
+                for taken, pending in enumerate(self._queue):
+                    size += len(pending.rows)
+                    if size > GROUP_ROWS and taken:
+                        break
+                else:
+                    taken = len(self._queue)
+                batch, self._queue = self._queue[:taken], self._queue[taken:]
+                await self._write(batch)
+        finally:
+            self._writer = None
+            # Cancelled mid-write (the loop is closing): whoever waits retries or gives up.
+            for pending in (*batch, *self._queue):
+                if not pending.future.done():
+                    pending.future.set_exception(ConnectionError("the event writer was stopped"))
+            self._queue = []
+
+    async def _write(self, batch: list[_PendingSave]) -> None:
+        try:
+            await self._insert([row for pending in batch for row in pending.rows])
+        except IntegrityError:
+            # Conflicts are skipped, so only the foreign key can fail: a conversation is gone.
+            # Each on its own, to tell whose.
+            if len(batch) == 1:
+                _settle(batch[0].future, ConversationNotFoundError(batch[0].conversation_id))
+                return
+            for pending in batch:
+                await self._write([pending])
+            return
+        except Exception as exc:
+            for pending in batch:
+                _settle(pending.future, exc)
+            return
+        for pending in batch:
+            _settle(pending.future, None)
+
+    async def _insert(self, rows: list[dict[str, Any]]) -> None:
+        async with self._sessionmaker.begin() as session:
+            await _insert_events(session, rows)
+
+    async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
+        """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""
+        ms, seq = _event_cursor(after)
+        params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq, "b_limit": limit}
+        async with self._sessionmaker() as session:
+            return [_event_record(row) for row in await session.execute(_EVENTS_AFTER, params)]
+
+    async def for_run(self, run_id: str) -> list[StoredEvent]:
+        query = (
+            select(RunEvent)
+            .where(RunEvent.run_id == run_id)
+            .order_by(RunEvent.cursor_ms, RunEvent.cursor_seq)
+        )
+        async with self._sessionmaker() as session:
+            return [_event_record(row) for row in await session.scalars(query)]
+
+    async def last_id(self, conversation_id: str) -> str | None:
+        async with self._sessionmaker() as session:
+            return await session.scalar(_LAST_EVENT_ID, {"b_conversation": conversation_id})
+
+    async def holds(self, conversation_id: str, event: StoredEvent) -> bool:
+        """Whether ``event`` itself (its id with its bytes) is stored."""
+        async with self._sessionmaker() as session:
+            return await _holds(session, conversation_id, event)

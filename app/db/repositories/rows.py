@@ -1,0 +1,290 @@
+"""What the repositories share: the tables, the records they return, and the statements and
+steps that several of them run inside their own transactions.
+
+Every write is one transaction whose first statement is the write itself (or a lock-taking
+UPDATE): on SQLite a transaction that reads first and writes later can fail with SQLITE_BUSY when
+another worker wrote in between, and on PostgreSQL the UPDATE serialises concurrent writers.
+"""
+
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Table, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.errors import ConversationNotFoundError, InvalidCursorError
+from app.db.models import RUN_STATUSES, Conversation, Message, Run, RunEvent, utcnow
+from app.llm.base import ChatMessage, Role, ToolCall
+from app.streaming.bus import StoredEvent, parse_cursor
+
+FINAL_STATUSES = frozenset(RUN_STATUSES) - {"running"}
+
+_conversations: Table = Conversation.__table__  # type: ignore[assignment]
+_messages: Table = Message.__table__  # type: ignore[assignment]
+_runs: Table = Run.__table__  # type: ignore[assignment]
+_events: Table = RunEvent.__table__  # type: ignore[assignment]
+
+# The statements of a run's life (start, stream, finish), built once on the tables. Built per call
+# through the ORM, the statement's construction, its cache key and the unit of work's flush cost
+# more of the worker's CPU than executing it: a run's database work took 15 ms of user CPU on
+# SQLite and 13.5 on PostgreSQL that way, 9 and 8.5 now (bench/db_bench.py, in RESULTS.md's
+# optimisations). An UPDATE or INSERT without values() sets the columns its parameters name.
+_CONVERSATION_OF_OWNER = select(_conversations).where(
+    _conversations.c.id == bindparam("b_id"), _conversations.c.owner == bindparam("b_owner")
+)
+_TOUCH_CONVERSATION = update(_conversations).where(_conversations.c.id == bindparam("b_id"))
+_LAST_SEQ = select(func.max(_messages.c.seq)).where(
+    _messages.c.conversation_id == bindparam("b_conversation")
+)
+_HISTORY = (
+    select(_messages)
+    .where(_messages.c.conversation_id == bindparam("b_conversation"))
+    .order_by(_messages.c.seq)
+)
+_EVENT_STORED = select(_events.c.run_id, _events.c.event, _events.c.data).where(
+    _events.c.conversation_id == bindparam("b_conversation"),
+    _events.c.cursor_ms == bindparam("b_ms"),
+    _events.c.cursor_seq == bindparam("b_seq"),
+)
+_LAST_EVENT_ID = (
+    select(_events.c.id)
+    .where(_events.c.conversation_id == bindparam("b_conversation"))
+    .order_by(_events.c.cursor_ms.desc(), _events.c.cursor_seq.desc())
+    .limit(1)
+)
+_EVENTS_AFTER = (
+    select(_events)
+    .where(
+        _events.c.conversation_id == bindparam("b_conversation"),
+        or_(
+            _events.c.cursor_ms > bindparam("b_ms"),
+            and_(_events.c.cursor_ms == bindparam("b_ms"), _events.c.cursor_seq > bindparam("b_seq")),
+        ),
+    )
+    .order_by(_events.c.cursor_ms, _events.c.cursor_seq)
+    .limit(bindparam("b_limit"))
+)
+
+
+def new_conversation_id() -> str:
+    return "conv_" + secrets.token_urlsafe(16)
+
+
+def new_run_id() -> str:
+    return "run_" + secrets.token_urlsafe(16)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    id: str
+    owner: str
+    title: str
+    agent_config: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    id: int
+    conversation_id: str
+    run_id: str | None
+    seq: int
+    role: Role
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    tool_call_id: str | None
+    name: str | None
+    pinned: bool
+    created_at: datetime
+
+    def to_chat_message(self) -> ChatMessage:
+        return ChatMessage(
+            role=self.role,
+            content=self.content,
+            tool_calls=self.tool_calls,
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+            pinned=self.pinned,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: str
+    conversation_id: str
+    owner: str
+    status: str
+    message: str
+    answer: str | None
+    iterations: int
+    usage: dict[str, Any]
+    elapsed: float | None
+    error: str | None
+    pending_injections: list[str]
+    start_cursor: str
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def _conversation_record(row: Any) -> ConversationRecord:
+    """From an ORM object or a row of the table (the same names)."""
+    return ConversationRecord(
+        id=row.id,
+        owner=row.owner,
+        title=row.title,
+        agent_config=dict(row.agent_config),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _message_record(row: Any) -> MessageRecord:
+    return MessageRecord(
+        id=row.id,
+        conversation_id=row.conversation_id,
+        run_id=row.run_id,
+        seq=row.seq,
+        role=row.role,  # only ChatMessage roles are ever written
+        content=row.content,
+        tool_calls=tuple(
+            ToolCall(id=tc["id"], name=tc["name"], arguments=tc["arguments"]) for tc in row.tool_calls or ()
+        ),
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        pinned=row.pinned,
+        created_at=row.created_at,
+    )
+
+
+def _run_record(row: Any) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        conversation_id=row.conversation_id,
+        owner=row.owner,
+        status=row.status,
+        message=row.message,
+        answer=row.answer,
+        iterations=row.iterations,
+        usage=dict(row.usage),
+        elapsed=row.elapsed,
+        error=row.error,
+        pending_injections=list(row.pending_injections),
+        start_cursor=row.start_cursor,
+        worker_id=row.worker_id,
+        lease_expires_at=row.lease_expires_at,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+    )
+
+
+async def _append_messages(
+    session: AsyncSession, conversation_id: str, run_id: str | None, messages: Sequence[ChatMessage]
+) -> None:
+    """Append ``messages`` after the conversation's last one and mark the conversation updated,
+    inside the caller's transaction. Raises ``ConversationNotFoundError`` if the conversation is gone.
+    """
+    now = utcnow()
+    # Lock the conversation row first, so that concurrent appends cannot take the same seq.
+    touched = await session.execute(_TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": now})
+    if not touched.rowcount:  # type: ignore[attr-defined]
+        raise ConversationNotFoundError(conversation_id)
+    last = await session.scalar(_LAST_SEQ, {"b_conversation": conversation_id})
+    first_seq = 0 if last is None else last + 1
+    await session.execute(
+        insert(_messages),
+        [
+            {
+                "conversation_id": conversation_id,
+                "run_id": run_id,
+                "seq": first_seq + offset,
+                "role": message.role,
+                "content": message.content,
+                "tool_calls": [
+                    {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
+                ]
+                or None,
+                "tool_call_id": message.tool_call_id,
+                "name": message.name,
+                "pinned": message.pinned,
+                "created_at": now,
+            }
+            for offset, message in enumerate(messages)
+        ],
+    )
+
+
+async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMessage]:
+    rows = await session.execute(_HISTORY, {"b_conversation": conversation_id})
+    return [_message_record(row).to_chat_message() for row in rows]
+
+
+def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
+    ms, seq = _event_cursor(stored.id)
+    return {
+        "conversation_id": conversation_id,
+        "cursor_ms": ms,
+        "cursor_seq": seq,
+        "run_id": stored.run_id,
+        "id": stored.id,
+        "event": stored.event,
+        "data": stored.data,
+    }
+
+
+async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> int:
+    """Insert event rows in the caller's transaction, skipping ids already stored; how many were new
+    (exact for one row; executemany may not count)."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    result = await session.execute(insert(_events).on_conflict_do_nothing(), rows)
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def _holds(session: AsyncSession, conversation_id: str, event: StoredEvent) -> bool:
+    """Whether ``event`` itself (its id with its bytes) is stored."""
+    ms, seq = _event_cursor(event.id)
+    params = {"b_conversation": conversation_id, "b_ms": ms, "b_seq": seq}
+    row = (await session.execute(_EVENT_STORED, params)).first()
+    return row is not None and tuple(row) == (event.run_id, event.event, event.data)
+
+
+def _event_record(row: Any) -> StoredEvent:
+    return StoredEvent(id=row.id, event=row.event, data=row.data, run_id=row.run_id)
+
+
+def encode_page_cursor(created_at: datetime, conversation_id: str) -> str:
+    raw = json.dumps([created_at.astimezone(UTC).isoformat(), conversation_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_page_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (created_at, id) a page cursor points after; ``InvalidCursorError`` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        stamp, conversation_id = json.loads(raw)
+        created_at = datetime.fromisoformat(stamp)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise InvalidCursorError(f"invalid cursor {cursor!r}") from exc
+    if not isinstance(conversation_id, str) or created_at.tzinfo is None:
+        raise InvalidCursorError(f"invalid cursor {cursor!r}")
+    return created_at, conversation_id
+
+
+def _event_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        return parse_cursor(cursor)
+    except ValueError as exc:
+        raise InvalidCursorError(str(exc)) from exc

@@ -1,0 +1,245 @@
+"""``RunRepo``: runs, their start and close, and their leases.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
+from app.db.models import RUN_STATUSES, Conversation, Run, utcnow
+from app.db.repositories.rows import (
+    _LAST_EVENT_ID,
+    FINAL_STATUSES,
+    RunRecord,
+    _append_messages,
+    _event_row,
+    _history,
+    _holds,
+    _insert_events,
+    _run_record,
+    _runs,
+    new_run_id,
+)
+from app.llm.base import ChatMessage
+from app.streaming.bus import StoredEvent, later_cursor
+
+_RUN = select(_runs).where(_runs.c.id == bindparam("b_id"))
+_RUN_OF_OWNER = _RUN.where(_runs.c.owner == bindparam("b_owner"))
+_ACTIVE_RUN = select(_runs).where(
+    _runs.c.conversation_id == bindparam("b_conversation"), _runs.c.status == "running"
+)
+_LATEST_RUN = (
+    select(_runs)
+    .where(_runs.c.conversation_id == bindparam("b_conversation"))
+    .order_by(_runs.c.created_at.desc(), _runs.c.id.desc())
+    .limit(1)
+)
+_FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
+_SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
+
+class RunRepo:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    @staticmethod
+    def _new_row(
+        conversation_id: str, owner: str, message: str, worker_id: str, lease_s: float, start_cursor: str
+    ) -> dict[str, Any]:
+        now = utcnow()
+        return {
+            "id": new_run_id(),
+            "conversation_id": conversation_id,
+            "owner": owner,
+            "status": "running",
+            "message": message,
+            "answer": None,
+            "iterations": 0,
+            "usage": {},
+            "elapsed": None,
+            "error": None,
+            "pending_injections": [],
+            "start_cursor": start_cursor,
+            "worker_id": worker_id,
+            "lease_expires_at": now + timedelta(seconds=lease_s),
+            "created_at": now,
+            "finished_at": None,
+        }
+
+    async def _explain_conflict(self, conversation_id: str) -> NoReturn:
+        """After an IntegrityError inserting a run: run ids are random, so the insert can only
+        break the foreign key or the one-running-run index; which one is told apart without
+        parsing driver messages."""
+        async with self._sessionmaker() as session:
+            exists = await session.scalar(select(Conversation.id).where(Conversation.id == conversation_id))
+        if exists is None:
+            raise ConversationNotFoundError(conversation_id) from None
+        raise RunActiveError(conversation_id) from None
+
+    async def start(
+        self,
+        conversation_id: str,
+        owner: str,
+        message: str,
+        *,
+        worker_id: str,
+        lease_s: float,
+        start_cursor: str,
+        prior: Sequence[ChatMessage] = (),
+    ) -> tuple[RunRecord, list[ChatMessage]]:
+        """Insert a running run leased to ``worker_id`` and, in the same transaction, store
+        ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
+        the question: one write, and a history that is exactly what came before this run.
+        Returns the run and that history.
+
+        The run's ``start_cursor`` is the later of ``start_cursor`` (what the bus held) and the
+        conversation's last stored event, read after the insert: a previous run's ``done`` is
+        stored in the transaction that closed it (``finish``), and this insert can only succeed
+        once that close is committed, so the new run's events come after that done, however
+        late the done reaches the bus.
+
+        Raises ``RunActiveError`` if a run of the conversation is running (the partial unique index
+        decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
+        the conversation does not exist.
+        """
+        row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
+        try:
+            async with self._sessionmaker.begin() as session:
+                await session.execute(insert(_runs), row)  # the one-running-run index decides here
+                stored_last = await session.scalar(_LAST_EVENT_ID, {"b_conversation": conversation_id})
+                cursor = later_cursor(start_cursor, stored_last)
+                if cursor != start_cursor:
+                    row["start_cursor"] = cursor
+                    await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
+                if prior:
+                    await _append_messages(session, conversation_id, None, prior)
+                history = await _history(session, conversation_id)
+                await _append_messages(
+                    session, conversation_id, row["id"], [ChatMessage(role="user", content=message)]
+                )
+        except IntegrityError:
+            await self._explain_conflict(conversation_id)
+        return RunRecord(**row), history
+
+    async def get(self, owner: str, run_id: str) -> RunRecord | None:
+        """The run if ``owner`` owns it; None otherwise."""
+        return await self._one(_RUN_OF_OWNER, {"b_id": run_id, "b_owner": owner})
+
+    async def get_any(self, run_id: str) -> RunRecord | None:
+        return await self._one(_RUN, {"b_id": run_id})
+
+    async def active(self, conversation_id: str) -> RunRecord | None:
+        return await self._one(_ACTIVE_RUN, {"b_conversation": conversation_id})
+
+    async def latest(self, conversation_id: str) -> RunRecord | None:
+        return await self._one(_LATEST_RUN, {"b_conversation": conversation_id})
+
+    async def finish(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        answer: str,
+        iterations: int,
+        usage: dict[str, Any],
+        elapsed: float,
+        error: str | None,
+        pending_injections: list[str],
+        messages: Sequence[ChatMessage] = (),
+        conversation_id: str | None = None,
+        done: StoredEvent | None = None,
+    ) -> bool:
+        """Close the run if it is still running; False if someone else closed it first.
+
+        ``messages`` (what the run added to conversation ``conversation_id``) are stored in the
+        same transaction, whether or not the run was still running. ``done`` (the run's last
+        event, from ``RunPublisher.stamp``) is stored with the close, so that a closed run always
+        has its done in the log and the next run of the conversation starts after it
+        (``start``). A retry of a close whose commit went through but whose answer was lost
+        finds its very done stored (same id, same bytes) and returns True again; another closer's
+        done, even under the same id, does not count. Raises ``EventIdTakenError``, keeping
+        nothing, if the run was open but another event holds the done's id.
+        """
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"a run cannot finish as {status!r}")
+        if (messages or done is not None) and conversation_id is None:
+            raise ValueError("messages and done need their conversation_id")
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                _FINISH_RUN,
+                {
+                    "b_id": run_id,
+                    "status": status,
+                    "answer": answer,
+                    "iterations": iterations,
+                    "usage": usage,
+                    "elapsed": elapsed,
+                    "error": error,
+                    "pending_injections": list(pending_injections),
+                    "lease_expires_at": None,
+                    "finished_at": utcnow(),
+                },
+            )
+            closed = bool(result.rowcount)  # type: ignore[attr-defined]
+            if conversation_id is not None:
+                if done is not None and not closed and await _holds(session, conversation_id, done):
+                    return True  # this very close, committed by an earlier attempt
+                if messages:
+                    await _append_messages(session, conversation_id, run_id, messages)
+                if (
+                    done is not None
+                    and closed
+                    and not await _insert_events(session, [_event_row(conversation_id, done)])
+                ):
+                    # Another process stored an event under this id: a close without its done in
+                    # the log would leave readers waiting. Undo it all; the caller restamps.
+                    raise EventIdTakenError(done.id)
+        return closed
+
+    async def renew_leases(self, run_ids: Sequence[str], worker_id: str, lease_s: float) -> None:
+        """Extend the leases of those of ``run_ids`` still running on ``worker_id``."""
+        if not run_ids:
+            return
+        async with self._sessionmaker.begin() as session:
+            await session.execute(
+                update(Run)
+                .where(Run.id.in_(list(run_ids)), Run.worker_id == worker_id, Run.status == "running")
+                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+            )
+
+    async def expired(self, now: datetime | None = None) -> list[RunRecord]:
+        """Running runs whose lease ran out before ``now``: their worker is presumed dead."""
+        moment = now if now is not None else utcnow()
+        return await self._all(
+            select(Run)
+            .where(Run.status == "running", Run.lease_expires_at < moment)
+            .order_by(Run.lease_expires_at)
+        )
+
+    async def running_of_worker(self, worker_id: str) -> list[RunRecord]:
+        return await self._all(
+            select(Run).where(Run.status == "running", Run.worker_id == worker_id).order_by(Run.created_at)
+        )
+
+    async def counts_by_status(self) -> dict[str, int]:
+        """Number of runs per status, every status present (zero included)."""
+        counts = dict.fromkeys(RUN_STATUSES, 0)
+        async with self._sessionmaker() as session:
+            for status, count in await session.execute(select(Run.status, func.count()).group_by(Run.status)):
+                counts[status] = count
+        return counts
+
+    async def _one(self, query: Any, params: dict[str, Any]) -> RunRecord | None:
+        async with self._sessionmaker() as session:
+            row = (await session.execute(query, params)).first()
+        return _run_record(row) if row is not None else None
+
+    async def _all(self, query: Any) -> list[RunRecord]:
+        async with self._sessionmaker() as session:
+            return [_run_record(row) for row in await session.scalars(query)]
