@@ -1,4 +1,5 @@
-"""The SQLAlchemy tables: conversations, their messages, runs and the durable copy of run events.
+"""The SQLAlchemy tables: conversations, their messages, runs with their checkpoints and follow-ups,
+the durable copy of run events, and what the built-in tools keep (notes, effects).
 
 Constraint names come from one naming convention so that migrations can address them on every
 dialect. Datetimes are stored in UTC and always come back timezone-aware, SQLite included.
@@ -25,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -171,6 +173,12 @@ class Run(Base):
     lease_expires_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+    # Durable runs (RUNS.md R-03, R-07, R-11): the attempt that holds the run now (1 for the
+    # first), how many attempts died (a clean hand-over does not count), and a cancel asked for
+    # while no worker held the run.
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    lost_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class RunEvent(Base):
@@ -187,3 +195,62 @@ class RunEvent(Base):
     # Text, not JSON: the payload is kept byte-for-byte as the publisher encoded it, so that
     # replayed events are identical to live ones.
     data: Mapped[str] = mapped_column(Text)
+
+
+class RunCheckpoint(Base):
+    """One checkpoint of a run (RUNS.md R-01): what changed since the previous one, as JSON text.
+
+    Keyed by the attempt that wrote it: a new attempt stores the whole state it starts from as its
+    first checkpoint (seq 0) and reads only its own rows after that, so an attempt that lost the
+    run but still writes (a worker that stalled past its lease) cannot mix into its successor's.
+    """
+
+    __tablename__ = "run_checkpoints"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    after: Mapped[str | None] = mapped_column(String(64))
+    """The id of the last event published before the checkpoint: what it covers."""
+    data: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class FollowUp(Base):
+    """A follow-up a user posted to a conversation's active run, until the run closes (E-22).
+
+    The run takes them in order (``id``) and its checkpoints say how far it got, so none is lost or
+    taken twice when the run moves to another worker.
+    """
+
+    __tablename__ = "follow_ups"
+    __table_args__ = (Index("ix_follow_ups_conversation_id_id", "conversation_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    content: Mapped[str] = mapped_column(StoredText)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Note(Base):
+    """The notebook tool's notes (RUNS.md R-12), one set per owner, by title."""
+
+    __tablename__ = "notes"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    title: Mapped[str] = mapped_column(String(200), primary_key=True)
+    content: Mapped[str] = mapped_column(StoredText)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ToolEffect(Base):
+    """The result of a tool call that changed something, by its idempotency key (RUNS.md R-05):
+    the same call made again returns this result and changes nothing more."""
+
+    __tablename__ = "tool_effects"
+
+    idempotency_key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    result: Mapped[str] = mapped_column(StoredText)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from app.db.migrate import downgrade_database, upgrade_database
 from app.db.models import Base
-from app.db.session import create_engine
+from app.db.repositories import EventRepo, RunRepo
+from app.db.session import Database, create_engine
 
-APP_TABLES = {"conversations", "messages", "runs", "run_events"}
+APP_TABLES = {
+    "conversations",
+    "messages",
+    "runs",
+    "run_events",
+    "run_checkpoints",
+    "follow_ups",
+    "notes",
+    "tool_effects",
+}
 
 
 async def inspect_database(url: str, look: Any) -> Any:
@@ -89,6 +100,86 @@ async def test_migrated_schema_keeps_the_partial_unique_index_and_named_constrai
         "fk_messages_conversation_id_conversations",
         "fk_runs_conversation_id_conversations",
         "fk_run_events_conversation_id_conversations",
+        "fk_run_checkpoints_run_id_runs",
+        "fk_follow_ups_conversation_id_conversations",
     }
     assert schema["pk"]["name"] == "pk_run_events"
     assert schema["pk"]["constrained_columns"] == ["conversation_id", "cursor_ms", "cursor_seq"]
+
+
+FINISHED_RUN = {
+    "id": "run_old",
+    "conversation_id": "conv_old",
+    "owner": "alice",
+    "status": "completed",
+    "message": "What is 2+2?",
+    "answer": "4",
+    "iterations": 2,
+    "usage": '{"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12, "llm_calls": 3}',
+    "elapsed": 1.5,
+    "error": None,
+    "pending_injections": "[]",
+    "start_cursor": "0-0",
+    "worker_id": None,
+    "lease_expires_at": None,
+    "created_at": datetime(2026, 11, 1, 12, 0, tzinfo=UTC),
+    "finished_at": datetime(2026, 11, 1, 12, 0, 2, tzinfo=UTC),
+}
+
+
+async def execute(url: str, statement: str, params: dict[str, Any] | None = None) -> None:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(statement), params or {})
+    finally:
+        await engine.dispose()
+
+
+async def test_a_database_of_the_previous_version_upgrades_with_its_finished_runs_intact(
+    database_url: str,
+) -> None:
+    await asyncio.to_thread(upgrade_database, database_url, "0001")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    await execute(
+        database_url,
+        "INSERT INTO conversations (id, owner, title, agent_config, created_at, updated_at) "
+        "VALUES ('conv_old', 'alice', 'old', '{}', :now, :now)",
+        {"now": now},
+    )
+    await execute(
+        database_url,
+        "INSERT INTO runs (id, conversation_id, owner, status, message, answer, iterations, usage, "
+        "elapsed, error, pending_injections, start_cursor, worker_id, lease_expires_at, created_at, "
+        "finished_at) VALUES (:id, :conversation_id, :owner, :status, :message, :answer, :iterations, "
+        ":usage, :elapsed, :error, :pending_injections, :start_cursor, :worker_id, :lease_expires_at, "
+        ":created_at, :finished_at)",
+        FINISHED_RUN,
+    )
+    await execute(
+        database_url,
+        "INSERT INTO run_events (conversation_id, cursor_ms, cursor_seq, run_id, id, event, data) "
+        "VALUES ('conv_old', 5, 0, 'run_old', '5-0', 'done', '{\"answer\": \"4\"}')",
+    )
+
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    db = Database(database_url)
+    try:
+        run = await RunRepo(db.sessionmaker).get("alice", "run_old")
+        events = await EventRepo(db.sessionmaker).for_run("run_old")
+    finally:
+        await db.dispose()
+    assert run is not None
+    assert (run.status, run.answer, run.iterations, run.usage["llm_calls"]) == ("completed", "4", 2, 3)
+    assert (run.attempt, run.lost_attempts, run.cancel_requested) == (1, 0, False)
+    assert [(e.id, e.event) for e in events] == [("5-0", "done")]
+
+    # And back: the previous version reads it as it was.
+    await asyncio.to_thread(downgrade_database, database_url, "0001")
+    tables = await inspect_database(database_url, table_names)
+    assert "run_checkpoints" not in tables and "runs" in tables
+    indexes = await inspect_database(
+        database_url, lambda c: {i["name"] for i in inspect(c).get_indexes("runs")}
+    )
+    assert "ux_runs_one_running_per_conversation" in indexes

@@ -1,6 +1,4 @@
-"""``ConversationRepo``: conversations and their messages.
-"""
-
+"""``ConversationRepo``: conversations and their messages."""
 
 from __future__ import annotations
 

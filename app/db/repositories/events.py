@@ -1,6 +1,4 @@
-"""``EventRepo``: the durable event log, written in group commits.
-"""
-
+"""``EventRepo``: the durable event log, written in group commits."""
 
 from __future__ import annotations
 
@@ -34,7 +32,6 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
-
 
 
 GROUP_ROWS = 5000

@@ -6,7 +6,6 @@ UPDATE): on SQLite a transaction that reads first and writes later can fail with
 another worker wrote in between, and on PostgreSQL the UPDATE serialises concurrent writers.
 """
 
-
 from __future__ import annotations
 
 import base64
@@ -138,6 +137,9 @@ class RunRecord:
     lease_expires_at: datetime | None
     created_at: datetime
     finished_at: datetime | None
+    attempt: int = 1
+    lost_attempts: int = 0
+    cancel_requested: bool = False
 
 
 def _conversation_record(row: Any) -> ConversationRecord:
@@ -188,6 +190,9 @@ def _run_record(row: Any) -> RunRecord:
         lease_expires_at=row.lease_expires_at,
         created_at=row.created_at,
         finished_at=row.finished_at,
+        attempt=row.attempt,
+        lost_attempts=row.lost_attempts,
+        cancel_requested=bool(row.cancel_requested),
     )
 
 

@@ -1,6 +1,4 @@
-"""``RunRepo``: runs, their start and close, and their leases.
-"""
-
+"""``RunRepo``: runs, their start and close, and their leases."""
 
 from __future__ import annotations
 
@@ -44,6 +42,7 @@ _LATEST_RUN = (
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
 _SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
 
+
 class RunRepo:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
@@ -70,6 +69,9 @@ class RunRepo:
             "lease_expires_at": now + timedelta(seconds=lease_s),
             "created_at": now,
             "finished_at": None,
+            "attempt": 1,
+            "lost_attempts": 0,
+            "cancel_requested": False,
         }
 
     async def _explain_conflict(self, conversation_id: str) -> NoReturn:
