@@ -95,6 +95,7 @@ async def build_services(settings: Settings) -> Services:
             return RedisInterruptQueue(redis_client, prefix, conversation_id)
 
         cancel_signal: Any = RedisCancelSignal(redis_client, prefix)
+        released_signal: Any = RedisCancelSignal(redis_client, prefix, name="released")
         log.info("event bus: Redis Streams")
     else:
         from app.streaming.redis_signals import MemoryCancelSignal
@@ -106,6 +107,7 @@ async def build_services(settings: Settings) -> Services:
             return queues.setdefault(conversation_id, MemoryInterruptQueue())
 
         cancel_signal = MemoryCancelSignal()
+        released_signal = MemoryCancelSignal()
         log.info("event bus: in-process (set REDIS_URL to share runs between workers)")
 
     llm = InstrumentedLLM(build_llm(settings), metrics)
@@ -135,6 +137,7 @@ async def build_services(settings: Settings) -> Services:
         worker_id=_worker_id(),
         hooks=hooks,
         leases=RunRepo(db.lease_sessionmaker),
+        released_signal=released_signal,
     )
     return Services(
         settings=settings,

@@ -126,3 +126,23 @@ class Metrics:
         self.tool_calls = Counter(
             "agentstream_tool_calls_total", "Tool calls, by tool and outcome", ["tool", "outcome"], registry=r
         )
+        # Durable runs (RUNS.md ).
+        self.attempts = Counter(
+            "agentstream_run_attempts_total",
+            "Attempts of runs this process executed (first ones included)",
+            registry=r,
+        )
+        self.runs_resumed = Counter(
+            "agentstream_runs_resumed_total",
+            "Runs this process carried on from their last checkpoint, by why their last attempt ended",
+            ["cause"],
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "agentstream_checkpoints_total", "Run checkpoints written by this process", registry=r
+        )
+        self.handovers = Counter(
+            "agentstream_run_handovers_total",
+            "Runs this process released to another worker on shutdown",
+            registry=r,
+        )

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     stream_retention_s: int = Field(default=600, ge=1)
     run_lease_s: float = Field(default=30.0, gt=0)
     shutdown_grace_s: float = Field(default=20.0, ge=0)
+    run_max_attempts: int = Field(default=3, ge=1, le=100)
+    """Attempts of a run that may die (its worker lost) before the run fails (RUNS.md R-07)."""
 
     # service
     log_format: Literal["text", "json"] = "text"

@@ -197,7 +197,7 @@ class RunEvent(Base):
     data: Mapped[str] = mapped_column(Text)
 
 
-class RunCheckpoint(Base):
+class Checkpoint(Base):
     """One checkpoint of a run (RUNS.md R-01): what changed since the previous one, as JSON text.
 
     Keyed by the attempt that wrote it: a new attempt stores the whole state it starts from as its

@@ -172,6 +172,20 @@ class PhaseChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class RunResumed:
+    """The first event of a new attempt of a run (RUNS.md R-03): what came after ``after`` was
+    published by work that this attempt does again."""
+
+    attempt: int
+    after: str
+    kind: Literal["resumed"] = "resumed"
+    channel: ClassVar[Channel] = "phase"
+
+    def data(self) -> dict[str, Any]:
+        return {"phase": "resumed", "attempt": self.attempt, "after": self.after}
+
+
+@dataclass(frozen=True, slots=True)
 class Injected:
     content: str
     kind: Literal["inject"] = "inject"
@@ -218,6 +232,7 @@ EngineEvent = (
     | AnswerDone
     | Compacted
     | PhaseChanged
+    | RunResumed
     | Injected
     | RunDone
 )

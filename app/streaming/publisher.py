@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import orjson
@@ -33,9 +34,27 @@ from app.streaming.bus import (
 log = logging.getLogger("app.streaming.publisher")
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """One checkpoint of a run as it is stored (RUNS.md R-01), with ``after``, the id of the last
+    event published before it: the events it covers."""
+
+    run_id: str
+    attempt: int
+    seq: int
+    data: str
+    after: str | None = None
+
+
 class EventStore(Protocol):
-    async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        """Store events; ids already stored are skipped, so a retried batch is harmless."""
+    async def save(
+        self,
+        conversation_id: str,
+        events: Sequence[StoredEvent],
+        checkpoints: Sequence[CheckpointRecord] = (),
+    ) -> None:
+        """Store events and checkpoints in one transaction; what is already stored is skipped, so
+        a retried batch is harmless."""
         ...
 
 
@@ -89,8 +108,10 @@ class RunPublisher:
     once everything published (the ``done`` event included) is on the bus and in the store, then
     sets the stream to expire in ``retention_s``.
 
-    The bus is retried for ``bus_retry_s`` per batch; past that the batch is left to the store and
-    the following batches get one attempt each until the bus answers again. Every entry names the
+    With ``store_before_bus`` (an in-process bus, which dies with the process) every event is
+    stored before it reaches the bus. The bus is retried for ``bus_retry_s`` per batch; past that
+    the batch is left to the store and the following batches get one attempt each until the bus
+    answers again. Every entry names the
     event before it, so readers see the gap and fill it from the store. The store is retried for
     ``store_retry_s``, an error of ``permanent_store_errors`` not at all; past that
     ``flush()``/``close()`` raise ``EventPersistError``.
@@ -112,6 +133,7 @@ class RunPublisher:
         store_retry_s: float = 120.0,
         permanent_store_errors: tuple[type[Exception], ...] = (),
         store_interval_ms: float = 500.0,
+        store_before_bus: bool = False,
         store_batch: int = 500,
         bus_batch: int = 1000,
     ) -> None:
@@ -127,14 +149,18 @@ class RunPublisher:
         self._bus_retry_s = bus_retry_s
         self._store_retry_s = store_retry_s
         self._permanent_store_errors = permanent_store_errors
-        self._store_interval_s = max(0.0, store_interval_ms / 1000)
+        # An in-process bus dies with the process: what a client saw must be stored already, or
+        # a restarted service would show it a log without it (RUNS.md R-09, R-10). Batches still
+        # form while a write is in flight.
+        self._store_before_bus = store_before_bus
+        self._store_interval_s = 0.0 if store_before_bus else max(0.0, store_interval_ms / 1000)
         self._store_batch = store_batch
         self._bus_batch = bus_batch
 
         self._pending: list[StoredEvent | _PendingDelta] = []
         self._pending_since = 0.0
         self._sending = False
-        self._to_store: list[StoredEvent] = []
+        self._to_store: list[StoredEvent | CheckpointRecord] = []
         self._stored_ahead: set[str] = set()
         """Ids of events stored before the bus loop took them (``publish_stored``, ``flush_store``)."""
         self._saving = False
@@ -207,6 +233,18 @@ class RunPublisher:
             self._start()
         self._stored_ahead.add(stored.id)
         self._queue_event(stored)
+
+    def checkpoint(self, record: CheckpointRecord) -> None:
+        """Queue ``record`` for the store, after every event published so far (those still
+        waiting for the bus are stored now and stay queued for it): a checkpoint is never stored
+        ahead of the events it covers. ``flush_store()`` waits until it is stored."""
+        if self._closing:
+            raise PublisherClosedError(f"publisher of run {self.run_id} is closed")
+        if self._bus_task is None:
+            self._start()
+        self._store_pending_now()
+        self._to_store.append(replace(record, after=self._last_id))
+        self._store_wake.set()
 
     def _queue_event(self, stored: StoredEvent) -> None:
         if stored.is_done:
@@ -412,7 +450,7 @@ class RunPublisher:
             batch = self._take()
             if not self._store_dead:
                 self._to_store_later(batch)
-                if any(event.is_done for event in batch):
+                if self._store_before_bus or any(event.is_done for event in batch):
                     # A client that sees done may read the run's events from the database next
                     # (GET /api/runs/{id}/events): they must all be there by then.
                     await self._store_caught_up()
@@ -535,12 +573,17 @@ class RunPublisher:
                 self._stored_any = True
             self._notify()
 
-    async def _save(self, batch: list[StoredEvent]) -> None:
+    async def _save(self, batch: list[StoredEvent | CheckpointRecord]) -> None:
+        events = [item for item in batch if type(item) is StoredEvent]
+        checkpoints = [item for item in batch if type(item) is CheckpointRecord]
         first_failure: float | None = None
         attempt = 0
         while True:
             try:
-                await self._store.save(self.conversation_id, batch)
+                if checkpoints:
+                    await self._store.save(self.conversation_id, events, checkpoints)
+                else:
+                    await self._store.save(self.conversation_id, events)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

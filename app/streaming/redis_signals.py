@@ -115,10 +115,11 @@ class RedisCancelSignal:
     the keys of the run ids ``active_runs()`` names, if given.
     """
 
-    def __init__(self, redis: Redis, prefix: str, *, ttl_s: int = 3600) -> None:
+    def __init__(self, redis: Redis, prefix: str, *, ttl_s: int = 3600, name: str = "cancel") -> None:
+        """``name`` tells signals apart: ``cancel``, or ``released`` for runs a stopping worker let
+        go (RUNS.md R-08), which wakes every worker's claim loop."""
         self._redis = redis
-        self._prefix = prefix
-        self._channel = f"{prefix}:cancel"
+        self._channel = f"{prefix}:{name}"
         self._ttl_s = ttl_s
         self._task: asyncio.Task[None] | None = None
         self._pubsub: Any = None
@@ -127,7 +128,7 @@ class RedisCancelSignal:
         self._catch_ups: set[asyncio.Task[None]] = set()
 
     def _key(self, run_id: str) -> str:
-        return f"{self._prefix}:cancel:{run_id}"
+        return f"{self._channel}:{run_id}"
 
     async def request(self, run_id: str) -> None:
         pipe = self._redis.pipeline(transaction=True)

@@ -19,14 +19,15 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("attempt", sa.Integer(), server_default=sa.text("1"), nullable=False))
-        batch.add_column(
-            sa.Column("lost_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False)
-        )
-        batch.add_column(
-            sa.Column("cancel_requested", sa.Boolean(), server_default=sa.false(), nullable=False)
-        )
+    # Plain ADD COLUMN (every dialect has it, with a constant default): no table rebuild, and the
+    # upgrade can be written out as SQL offline.
+    op.add_column("runs", sa.Column("attempt", sa.Integer(), server_default=sa.text("1"), nullable=False))
+    op.add_column(
+        "runs", sa.Column("lost_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False)
+    )
+    op.add_column(
+        "runs", sa.Column("cancel_requested", sa.Boolean(), server_default=sa.false(), nullable=False)
+    )
 
     op.create_table(
         "run_checkpoints",

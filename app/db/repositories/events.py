@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -12,17 +12,20 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError
-from app.db.models import RunEvent
+from app.db.models import RunEvent, utcnow
 from app.db.repositories.rows import (
     _EVENTS_AFTER,
     _LAST_EVENT_ID,
+    _checkpoints,
     _event_cursor,
     _event_record,
     _event_row,
     _holds,
     _insert_events,
+    _insert_for,
 )
 from app.streaming.bus import StoredEvent
+from app.streaming.publisher import CheckpointRecord
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -43,10 +46,11 @@ class _PendingSave:
     conversation_id: str
     rows: list[dict[str, Any]]
     future: asyncio.Future[None]
+    checkpoint_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class EventRepo:
-    """The durable event log.
+    """The durable event log, and the run checkpoints written with it.
 
     ``save()`` commits as a group: the saves of every run of the process that come in while a
     write is in flight go out together in the next transaction, one INSERT for all their rows. At
@@ -60,20 +64,38 @@ class EventRepo:
         self._queue: list[_PendingSave] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        """Store ``events``; ids already stored are skipped, so a retry is harmless.
+    async def save(
+        self,
+        conversation_id: str,
+        events: Sequence[StoredEvent],
+        checkpoints: Sequence[CheckpointRecord] = (),
+    ) -> None:
+        """Store ``events`` and the run ``checkpoints`` that came with them, in one transaction;
+        what is already stored is skipped, so a retry is harmless.
 
         Returns once they are committed. Raises ``ConversationNotFoundError`` if the conversation
         is gone (deleted mid-run), or what the database raised for the transaction they were in.
         """
-        if not events:
+        if not events and not checkpoints:
             return
         rows = [_event_row(conversation_id, stored) for stored in events]
+        now = utcnow()
+        checkpoint_rows = [
+            {
+                "run_id": c.run_id,
+                "attempt": c.attempt,
+                "seq": c.seq,
+                "after": c.after,
+                "data": c.data,
+                "created_at": now,
+            }
+            for c in checkpoints
+        ]
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         # A caller cancelled meanwhile leaves its outcome unread: read it here, quietly.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        self._queue.append(_PendingSave(conversation_id, rows, future))
+        self._queue.append(_PendingSave(conversation_id, rows, future, checkpoint_rows))
         writer = self._writer
         if writer is not None and writer.get_loop() is not loop:
             # Left behind by an event loop that is gone (tests run one per test): so is its queue.
@@ -91,7 +113,7 @@ class EventRepo:
                 # Whole saves, up to GROUP_ROWS rows a transaction (a save bigger than that alone).
                 size = 0
                 for taken, pending in enumerate(self._queue):
-                    size += len(pending.rows)
+                    size += len(pending.rows) + len(pending.checkpoint_rows)
                     if size > GROUP_ROWS and taken:
                         break
                 else:
@@ -108,7 +130,10 @@ class EventRepo:
 
     async def _write(self, batch: list[_PendingSave]) -> None:
         try:
-            await self._insert([row for pending in batch for row in pending.rows])
+            await self._insert(
+                [row for pending in batch for row in pending.rows],
+                [row for pending in batch for row in pending.checkpoint_rows],
+            )
         except IntegrityError:
             # Conflicts are skipped, so only the foreign key can fail: a conversation is gone.
             # Each on its own, to tell whose.
@@ -125,9 +150,15 @@ class EventRepo:
         for pending in batch:
             _settle(pending.future, None)
 
-    async def _insert(self, rows: list[dict[str, Any]]) -> None:
+    async def _insert(self, rows: list[dict[str, Any]], checkpoint_rows: list[dict[str, Any]]) -> None:
         async with self._sessionmaker.begin() as session:
-            await _insert_events(session, rows)
+            if rows:
+                await _insert_events(session, rows)
+            if checkpoint_rows:
+                # After the events they cover; a retried batch skips what its first try stored.
+                await session.execute(
+                    _insert_for(session)(_checkpoints).on_conflict_do_nothing(), checkpoint_rows
+                )
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""

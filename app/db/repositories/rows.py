@@ -23,7 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.errors import ConversationNotFoundError, InvalidCursorError
-from app.db.models import RUN_STATUSES, Conversation, Message, Run, RunEvent, utcnow
+from app.db.models import RUN_STATUSES, Checkpoint, Conversation, Message, Run, RunEvent, utcnow
 from app.llm.base import ChatMessage, Role, ToolCall
 from app.streaming.bus import StoredEvent, parse_cursor
 
@@ -33,6 +33,7 @@ _conversations: Table = Conversation.__table__  # type: ignore[assignment]
 _messages: Table = Message.__table__  # type: ignore[assignment]
 _runs: Table = Run.__table__  # type: ignore[assignment]
 _events: Table = RunEvent.__table__  # type: ignore[assignment]
+_checkpoints: Table = Checkpoint.__table__  # type: ignore[assignment]
 
 # The statements of a run's life (start, stream, finish), built once on the tables. Built per call
 # through the ORM, the statement's construction, its cache key and the unit of work's flush cost
@@ -250,11 +251,15 @@ def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
     }
 
 
+def _insert_for(session: AsyncSession) -> Any:
+    """The dialect's INSERT, which has ``on_conflict_do_nothing``."""
+    return pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+
+
 async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> int:
     """Insert event rows in the caller's transaction, skipping ids already stored; how many were new
     (exact for one row; executemany may not count)."""
-    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    result = await session.execute(insert(_events).on_conflict_do_nothing(), rows)
+    result = await session.execute(_insert_for(session)(_events).on_conflict_do_nothing(), rows)
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 

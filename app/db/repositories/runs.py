@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, NoReturn
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
-from app.db.models import RUN_STATUSES, Conversation, Run, utcnow
+from app.db.models import RUN_STATUSES, Conversation, Message, Run, utcnow
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     FINAL_STATUSES,
     RunRecord,
     _append_messages,
+    _checkpoints,
     _event_row,
     _history,
     _holds,
     _insert_events,
+    _message_record,
     _run_record,
     _runs,
     new_run_id,
@@ -40,6 +43,26 @@ _LATEST_RUN = (
     .limit(1)
 )
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
+_FINISH_ATTEMPT = _FINISH_RUN.where(_runs.c.attempt == bindparam("b_attempt"))
+_CHECKPOINTS = (
+    select(_checkpoints.c.seq, _checkpoints.c.after, _checkpoints.c.data)
+    .where(_checkpoints.c.run_id == bindparam("b_run"), _checkpoints.c.attempt == bindparam("b_attempt"))
+    .order_by(_checkpoints.c.seq)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    """One stored checkpoint of a run: its place, the last event it covers, its JSON text."""
+
+    seq: int
+    after: str | None
+    data: str
+
+
+Snapshot = Callable[[list[CheckpointRow]], CheckpointRow | None]
+"""Given the checkpoints of a run's last attempt, the one checkpoint (seq 0) its new attempt starts
+from, or None when there is nothing to carry on."""
 _SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
 
 
@@ -156,8 +179,10 @@ class RunRepo:
         messages: Sequence[ChatMessage] = (),
         conversation_id: str | None = None,
         done: StoredEvent | None = None,
+        attempt: int | None = None,
     ) -> bool:
-        """Close the run if it is still running; False if someone else closed it first.
+        """Close the run if it is still running (in ``attempt``, when given: an attempt that lost
+        the run to another one cannot close it); False if someone else closed it first.
 
         ``messages`` (what the run added to conversation ``conversation_id``) are stored in the
         same transaction, whether or not the run was still running. ``done`` (the run's last
@@ -174,9 +199,10 @@ class RunRepo:
             raise ValueError("messages and done need their conversation_id")
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
-                _FINISH_RUN,
+                _FINISH_RUN if attempt is None else _FINISH_ATTEMPT,
                 {
                     "b_id": run_id,
+                    "b_attempt": attempt,
                     "status": status,
                     "answer": answer,
                     "iterations": iterations,
@@ -215,14 +241,119 @@ class RunRepo:
                 .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
             )
 
-    async def expired(self, now: datetime | None = None) -> list[RunRecord]:
-        """Running runs whose lease ran out before ``now``: their worker is presumed dead."""
-        moment = now if now is not None else utcnow()
+    async def claimable(self, worker_id: str, *, local_prefix: str | None = None) -> list[RunRecord]:
+        """Running runs that no live worker may hold, oldest first: released by their worker (none
+        holds them), or their lease ran out. With ``local_prefix``, also the runs held by workers
+        whose ids start with it (this host's: the caller can tell whether their process lives)."""
+        now = utcnow()
+        free = or_(Run.worker_id.is_(None), Run.lease_expires_at < now)
+        if local_prefix is not None:
+            free = or_(free, Run.worker_id.startswith(local_prefix, autoescape=True))
         return await self._all(
             select(Run)
-            .where(Run.status == "running", Run.lease_expires_at < moment)
-            .order_by(Run.lease_expires_at)
+            .where(Run.status == "running", free, or_(Run.worker_id.is_(None), Run.worker_id != worker_id))
+            .order_by(Run.created_at)
         )
+
+    async def claim(
+        self,
+        run: RunRecord,
+        worker_id: str,
+        lease_s: float,
+        *,
+        lost: bool,
+        holder_dead: bool = False,
+        snapshot: Snapshot,
+    ) -> RunRecord | None:
+        """Take ``run`` for a new attempt on ``worker_id`` if it is still as the caller saw it (same
+        attempt, same holder, and, unless ``holder_dead``, a lease that ran out); None if another
+        worker took it first or its holder came back.
+
+        ``lost``: its last attempt died (RUNS.md R-07 counts it). In the same transaction the new
+        attempt's first checkpoint is stored: ``snapshot`` of the last attempt's checkpoints as
+        they are now, so that what that attempt may still write later counts for nothing.
+        """
+        now = utcnow()
+        condition = [Run.id == run.id, Run.status == "running", Run.attempt == run.attempt]
+        if run.worker_id is None:
+            condition.append(Run.worker_id.is_(None))
+        else:
+            condition.append(Run.worker_id == run.worker_id)
+            if not holder_dead:
+                condition.append(Run.lease_expires_at < now)
+        attempt = run.attempt + 1
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                update(Run)
+                .where(*condition)
+                .values(
+                    attempt=attempt,
+                    worker_id=worker_id,
+                    lease_expires_at=now + timedelta(seconds=lease_s),
+                    lost_attempts=run.lost_attempts + (1 if lost else 0),
+                )
+            )
+            if not result.rowcount:  # type: ignore[attr-defined]
+                return None
+            claimed = _run_record((await session.execute(_RUN, {"b_id": run.id})).one())
+            rows = await session.execute(_CHECKPOINTS, {"b_run": run.id, "b_attempt": run.attempt})
+            first = snapshot([CheckpointRow(row.seq, row.after, row.data) for row in rows])
+            if first is not None:
+                await session.execute(
+                    insert(_checkpoints),
+                    {
+                        "run_id": run.id,
+                        "attempt": attempt,
+                        "seq": 0,
+                        "after": first.after,
+                        "data": first.data,
+                        "created_at": now,
+                    },
+                )
+        return claimed
+
+    async def checkpoints(self, run_id: str, attempt: int) -> list[CheckpointRow]:
+        async with self._sessionmaker() as session:
+            rows = await session.execute(_CHECKPOINTS, {"b_run": run_id, "b_attempt": attempt})
+            return [CheckpointRow(row.seq, row.after, row.data) for row in rows]
+
+    async def release(self, run_id: str, attempt: int, worker_id: str) -> bool:
+        """Let the run go (a worker that stops hands it over, RUNS.md R-08): it stays running, held
+        by nobody, for any worker to claim at once. False if ``attempt`` no longer holds it."""
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                update(Run)
+                .where(
+                    Run.id == run_id,
+                    Run.status == "running",
+                    Run.attempt == attempt,
+                    Run.worker_id == worker_id,
+                )
+                .values(worker_id=None, lease_expires_at=None)
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def request_cancel(self, run_id: str) -> bool:
+        """Mark a running run for cancel, for whichever worker holds it next (RUNS.md R-11)."""
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                update(Run).where(Run.id == run_id, Run.status == "running").values(cancel_requested=True)
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def history_before(self, run: RunRecord) -> list[ChatMessage]:
+        """The conversation's messages before ``run``'s question: the history it started with."""
+        async with self._sessionmaker() as session:
+            first = await session.scalar(
+                select(func.min(Message.seq)).where(
+                    Message.conversation_id == run.conversation_id, Message.run_id == run.id
+                )
+            )
+            query = select(Message).where(Message.conversation_id == run.conversation_id)
+            if first is not None:
+                query = query.where(Message.seq < first)
+            rows = await session.scalars(query.order_by(Message.seq))
+            return [_message_record(row).to_chat_message() for row in rows]
 
     async def running_of_worker(self, worker_id: str) -> list[RunRecord]:
         return await self._all(

@@ -42,7 +42,8 @@ def test_offline_upgrade_emits_the_schema_without_a_connection(url: str, partial
     command.upgrade(config, "head", sql=True)
 
     sql = config.output_buffer.getvalue()
-    for table in ("conversations", "messages", "runs", "run_events"):
+    for table in ("conversations", "messages", "runs", "run_events", "run_checkpoints", "follow_ups"):
         assert f"CREATE TABLE {table} (" in sql
+    assert "ALTER TABLE runs ADD COLUMN attempt" in sql
     assert partial_index in sql
     assert "ON DELETE CASCADE" in sql

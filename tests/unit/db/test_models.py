@@ -58,14 +58,25 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "pk_run_events",
         "fk_run_events_conversation_id_conversations",
         "ix_run_events_run_id",
+        "pk_run_checkpoints",
+        "fk_run_checkpoints_run_id_runs",
+        "pk_follow_ups",
+        "fk_follow_ups_conversation_id_conversations",
+        "ix_follow_ups_conversation_id_id",
+        "pk_notes",
+        "pk_tool_effects",
     }
 
 
 def test_foreign_keys_cascade_deletes_from_conversations() -> None:
     fks = [fk for table in Base.metadata.sorted_tables for fk in table.foreign_keys]
 
-    assert len(fks) == 3
-    assert all(fk.column.table.name == "conversations" and fk.ondelete == "CASCADE" for fk in fks)
+    # Everything of a conversation goes with it: checkpoints through their run.
+    assert len(fks) == 5
+    assert {fk.column.table.name for fk in fks} == {"conversations", "runs"}
+    assert all(fk.ondelete == "CASCADE" for fk in fks)
+    (through_run,) = (fk for fk in fks if fk.column.table.name == "runs")
+    assert through_run.parent.table.name == "run_checkpoints"
 
 
 @pytest.mark.parametrize("dialect", [sqlite.dialect(), postgresql.dialect()], ids=["sqlite", "postgresql"])

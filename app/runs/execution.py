@@ -1,0 +1,380 @@
+"""One attempt of a run: the agent at work in a background task, its events and checkpoints
+published, and its end (closed with its ``done``, handed over, or dropped when it lost the run).
+
+A run's first attempt starts with the run; a new attempt starts where the run's last checkpoint
+left it (RUNS.md R-03), announced by a ``resumed`` phase. Whatever stops an attempt, it ends in one
+of three ways: the run is closed with its ``done`` (completed, failed, cancelled), it is released
+for another worker to carry on (this worker is shutting down, R-08), or, if another attempt holds
+the run now, nothing more of this one is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import orjson
+
+from app.db.errors import ConversationNotFoundError
+from app.db.repositories import ConversationRecord, EventRepo, RunRepo
+from app.engine.agent import AgentConfig, AgentResult, ReActAgent
+from app.engine.events import (
+    AnswerDelta,
+    EngineEvent,
+    IterationDone,
+    RunDone,
+    RunResumed,
+    ThinkingStarted,
+    Usage,
+)
+from app.engine.hooks import HookRegistry
+from app.engine.interrupts import InterruptQueue
+from app.engine.state import RunCheckpoint
+from app.llm.base import LLM, ChatMessage
+from app.observability import Metrics, conversation_id_var, run_id_var
+from app.runs.closing import (
+    close_row,
+    close_with_done,
+    drain_quietly,
+    follow_up_messages,
+    while_unreachable,
+)
+from app.settings import Settings
+from app.streaming.bus import EventBus, StoredEvent
+from app.streaming.publisher import CheckpointRecord, EventPersistError, RunPublisher
+from app.tools.registry import ToolRegistry
+
+log = logging.getLogger("app.runs")
+
+CancelReason = Literal["user", "handover", "lost"]
+"""Why an attempt's task was cancelled: by its user; by this worker's shutdown, which hands the
+run over; or because another attempt holds the run now (this worker stalled past its lease)."""
+
+RELEASE_RETRY_S = 5.0
+"""How long a worker that stops tries to release a run; after that the lease runs out instead."""
+
+
+@dataclass
+class ActiveRun:
+    """An attempt of a run that this worker executes."""
+
+    run_id: str
+    conversation_id: str
+    attempt: int = 1
+    task: asyncio.Task[None] | None = None
+    cancel_reason: CancelReason | None = None
+    iterations: int = 0
+    started: float = field(default_factory=time.monotonic)
+    """When the run started, on this process's monotonic clock (earlier attempts included)."""
+    usage: Usage = field(default_factory=Usage)
+    """Filled by the engine as calls complete (from the checkpoint on, for a resumed run); what a
+    cancelled run reports."""
+    finishing: bool = False
+    """The engine is done and the run is being closed: a cancel now would only interrupt that."""
+    answer_parts: list[str] = field(default_factory=list)
+    """The answer deltas this attempt sent: a run stopped mid-answer reports them as its answer, so
+    the deltas a client saw after the last ``resumed`` still add up to ``done.answer``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a new attempt starts: the run's folded checkpoints and the last event they cover."""
+
+    state: RunCheckpoint
+    after: str
+
+
+class RunCheckpointer:
+    """The engine's ``Checkpointer`` for one attempt: checkpoints ride with the run's events to the
+    database (one group commit for both), numbered within the attempt."""
+
+    def __init__(
+        self, publisher: RunPublisher, run_id: str, attempt: int, metrics: Metrics, *, first_seq: int
+    ) -> None:
+        self._publisher = publisher
+        self._run_id = run_id
+        self._attempt = attempt
+        self._metrics = metrics
+        self._seq = first_seq
+
+    def record(self, delta: dict[str, Any]) -> None:
+        data = orjson.dumps(delta, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        self._publisher.checkpoint(CheckpointRecord(self._run_id, self._attempt, self._seq, data))
+        self._seq += 1
+        self._metrics.checkpoints.inc()
+
+    async def durable(self) -> None:
+        await self._publisher.flush_store()
+
+
+def agent_config(settings: Settings, conversation: ConversationRecord) -> AgentConfig:
+    spec: dict[str, Any] = conversation.agent_config or {}
+    s = settings
+    return AgentConfig(
+        max_iterations=int(spec.get("max_iterations") or s.react_max_iterations),
+        use_native_tools=spec.get("mode", "auto") != "json",
+        completion_check=bool(spec.get("completion_check", True)),
+        completion_check_min_tools=s.react_completion_check_min_tools,
+        cycle_detection_threshold=s.react_cycle_detection_threshold,
+        self_reflection_interval=s.react_self_reflection_interval,
+        tool_selection_threshold=s.tool_selection_threshold,
+        context_token_budget=s.context_token_budget,
+        system_prompt=spec.get("system_prompt") or None,
+    )
+
+
+class Executor:
+    """Runs attempts of runs for one worker; ``active`` (shared with the run manager) holds them."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        runs: RunRepo,
+        events: EventRepo,
+        bus: EventBus,
+        llm: LLM,
+        tools: ToolRegistry,
+        interrupts: Callable[[str], InterruptQueue],
+        hooks: Callable[[], HookRegistry],
+        metrics: Metrics,
+        worker_id: str,
+        released: Any,
+        active: dict[str, ActiveRun],
+    ) -> None:
+        self.settings = settings
+        self.runs = runs
+        self.events = events
+        self.bus = bus
+        self.llm = llm
+        self.tools = tools
+        self.interrupt_queue = interrupts
+        self.hooks = hooks
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.released = released
+        self.active = active
+
+    def publisher(self, conversation_id: str, run_id: str, last_id: str | None) -> RunPublisher:
+        return RunPublisher(
+            self.bus,
+            self.events,
+            conversation_id,
+            run_id,
+            last_id=last_id,
+            retention_s=self.settings.stream_retention_s,
+            on_published=self._count_published,
+            permanent_store_errors=(ConversationNotFoundError,),
+            store_before_bus=self.settings.redis_url is None,
+        )
+
+    def _count_published(self, events: list[StoredEvent]) -> None:
+        self.metrics.events_published.inc(len(events))
+
+    def launch(
+        self,
+        active: ActiveRun,
+        conversation: ConversationRecord,
+        question: str,
+        history: list[ChatMessage],
+        last_id: str | None,
+        resume: Resume | None = None,
+    ) -> None:
+        """Execute ``active`` in a background task of its own."""
+        self.active[active.run_id] = active
+        self.metrics.active_runs.inc()
+        self.metrics.attempts.inc()
+        active.task = asyncio.create_task(
+            self._execute(active, conversation, question, history, last_id, resume),
+            name=f"run-{active.run_id}",
+        )
+
+    def _tools_for(self, conversation: ConversationRecord) -> ToolRegistry:
+        names = (conversation.agent_config or {}).get("tools")
+        # No list means every tool; an empty list means none (an agent that only talks).
+        return self.tools if names is None else self.tools.subset(names)
+
+    async def _execute(
+        self,
+        active: ActiveRun,
+        conversation: ConversationRecord,
+        question: str,
+        history: list[ChatMessage],
+        last_id: str | None,
+        resume: Resume | None,
+    ) -> None:
+        run_id_var.set(active.run_id)
+        conversation_id_var.set(active.conversation_id)
+        publisher = self.publisher(active.conversation_id, active.run_id, last_id)
+        engine_done: list[RunDone] = []
+
+        async def sink(event: EngineEvent) -> None:
+            if isinstance(event, RunDone):
+                engine_done.append(event)
+                return
+            if type(event) is AnswerDelta:
+                active.answer_parts.append(event.content)
+            elif isinstance(event, ThinkingStarted):
+                active.iterations = max(active.iterations, event.iteration)
+            elif isinstance(event, IterationDone):
+                self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
+            await publisher.publish(event)
+
+        queue = self.interrupt_queue(active.conversation_id)
+        agent = ReActAgent(
+            self.llm,
+            self._tools_for(conversation),
+            agent_config(self.settings, conversation),
+            self.hooks(),
+        )
+        checkpointer = RunCheckpointer(
+            publisher, active.run_id, active.attempt, self.metrics, first_seq=1 if resume is not None else 0
+        )
+        result: AgentResult | None = None
+        status: str
+        error: str | None = None
+        try:
+            if resume is not None:
+                await publisher.publish(RunResumed(active.attempt, resume.after))
+                log.info("run resumed", extra={"worker": self.worker_id, "attempt": active.attempt})
+            else:
+                log.info("run started", extra={"worker": self.worker_id})
+            result = await agent.run(
+                question,
+                sink=sink,
+                history=history,
+                interrupts=queue,
+                run_id=active.run_id,
+                conversation_id=active.conversation_id,
+                owner=conversation.owner,
+                usage=active.usage,
+                checkpointer=checkpointer,
+                resume=resume.state if resume is not None else None,
+                elapsed_before=time.monotonic() - active.started,
+            )
+            status = result.status
+            error = result.error
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            status, error = "cancelled", "cancelled by the user"
+        except Exception as exc:
+            log.exception("run crashed")
+            status, error = "failed", f"internal error: {type(exc).__name__}"
+        active.finishing = True
+        try:
+            if active.cancel_reason == "lost":
+                # Another attempt holds the run now: add nothing after what it publishes (what
+                # this one still had queued is dropped), and leave the conversation's queue to it.
+                log.warning("run was taken over by another worker; stopped it here")
+                await publisher.discard()
+            elif active.cancel_reason == "handover":
+                await self._hand_over(active, publisher)
+            else:
+                await self._finish(active, publisher, queue, result, engine_done, status, error)
+        except ConversationNotFoundError:
+            log.info("the conversation was deleted while its run worked; nothing to store")
+        except Exception:
+            log.exception("could not close the run cleanly")
+        finally:
+            # Whatever stopped _finish, the publisher's tasks must not outlive the run.
+            with contextlib.suppress(Exception):
+                await publisher.close()
+            self.active.pop(active.run_id, None)
+            self.metrics.active_runs.dec()
+
+    async def _hand_over(self, active: ActiveRun, publisher: RunPublisher) -> None:
+        """Store what the attempt published and checkpointed, then release the run, so that
+        another worker carries it on from there at once (RUNS.md R-08)."""
+        with contextlib.suppress(EventPersistError):  # logged by the publisher
+            await publisher.flush_store()
+        with contextlib.suppress(Exception):
+            # Followers elsewhere read what the bus has; the database has it all anyway.
+            await asyncio.wait_for(publisher.flush(), timeout=2.0)
+        deadline = time.monotonic() + RELEASE_RETRY_S
+        while True:
+            try:
+                released = await self.runs.release(active.run_id, active.attempt, self.worker_id)
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "could not release the run; its lease will run out", extra={"error": repr(exc)}
+                    )
+                    return
+                await asyncio.sleep(0.2)
+        if not released:
+            log.warning("run was no longer held by this worker when it stopped")
+            return
+        self.metrics.handovers.inc()
+        log.info("run handed over", extra={"attempt": active.attempt})
+        try:
+            await self.released.request(active.run_id)
+        except Exception as exc:
+            log.warning("could not announce the released run", extra={"error": repr(exc)})
+
+    async def _finish(
+        self,
+        active: ActiveRun,
+        publisher: RunPublisher,
+        queue: InterruptQueue,
+        result: AgentResult | None,
+        engine_done: list[RunDone],
+        status: str,
+        error: str | None,
+    ) -> None:
+        conv_id = active.conversation_id
+        # The done is stored in the transaction that closes the run: the next run of the
+        # conversation cannot start before that commit, and starts after this done (RunRepo.start).
+        # Everything published before it is stored first (the bus may lag behind, in an outage),
+        # so that the log never has a done ahead of the events it ends.
+        with contextlib.suppress(EventPersistError):  # the publisher logged it; close all the same
+            await publisher.flush_store()
+        # Drained only now: a follow-up accepted until here (the run still looked active) is
+        # either taken here or, for the moment until the close commits, as before: at most one
+        # transaction's window.
+        pending = list(result.pending_injections) if result is not None else []
+        pending += await drain_quietly(queue)
+        new_messages: list[ChatMessage] = []
+        if result is not None:
+            new_messages = list(result.messages)
+            if new_messages and new_messages[0].role == "user":
+                new_messages = new_messages[1:]  # the question was stored when the run started
+        # Untaken follow-ups stay in the conversation for the next run.
+        new_messages += follow_up_messages(pending)
+        if result is not None and engine_done:
+            done = replace(engine_done[-1], pending_injections=tuple(pending))
+        else:
+            done = RunDone(
+                answer=result.answer if result is not None else "".join(active.answer_parts),
+                iterations=result.iterations if result is not None else active.iterations,
+                usage=result.usage.as_dict() if result is not None else active.usage.as_dict(),
+                elapsed=time.monotonic() - active.started,
+                status=status,  # type: ignore[arg-type]
+                error=error,
+                pending_injections=tuple(pending),
+            )
+
+        async def close(stamped: StoredEvent) -> bool:
+            return await while_unreachable(
+                lambda: close_row(
+                    self.runs, active.run_id, active.attempt, conv_id, done, stamped, new_messages
+                )
+            )
+
+        finished, done_event = await close_with_done(publisher, done, close)
+        if not finished:
+            log.warning("run was already closed elsewhere; its done event is not sent twice")
+            await publisher.discard()  # nothing of it may follow the other close's done
+            return
+        await publisher.publish_stored(done_event)
+        self.metrics.runs.labels(done.status).inc()
+        log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
+        with contextlib.suppress(EventPersistError):  # events missing from the log: logged already
+            await publisher.close()

@@ -1,0 +1,334 @@
+"""Leases and takeovers: a run lives on when its worker does not (RUNS.md R-03, R-07, R-08, R-11).
+
+The worker that executes a run renews its lease (``heartbeat_loop``). Every worker looks for runs
+that no live worker holds (``claim_loop``): released by a worker that stopped, whose lease ran out,
+or held by a process of this host that is gone. It claims such a run for a new attempt, in one
+transaction with the checkpoint that attempt starts from, and carries it on; or, when the run was
+cancelled meanwhile or its attempts keep dying, closes it with its ``done``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import orjson
+
+from app.db.errors import database_unreachable
+from app.db.models import utcnow
+from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.runs import CheckpointRow
+from app.engine.events import RunDone
+from app.engine.interrupts import InterruptQueue
+from app.engine.state import RunCheckpoint
+from app.observability import Metrics
+from app.runs.closing import (
+    close_row,
+    close_with_done,
+    drain_quietly,
+    follow_up_messages,
+    progress,
+    put_back,
+)
+from app.runs.execution import ActiveRun, CancelReason, Executor, Resume
+from app.settings import Settings
+from app.streaming.bus import EventBus, StoredEvent, later_cursor
+from app.streaming.publisher import EventPersistError
+
+log = logging.getLogger("app.runs")
+
+CLAIM_INTERVAL_S = 2.0
+"""Longest pause between two looks for runs to take over (a released run is announced at once)."""
+
+
+def local_process_gone(worker_id: str) -> bool:
+    """Whether ``worker_id`` (``host:pid:token``) names a process of this host that no longer
+    exists: its runs need not wait for their leases. False whenever that cannot be told."""
+    host, _, rest = worker_id.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False  # this very process (several apps may share one, as tests do)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+class Takeover:
+    """The heartbeat and the claim loop of one worker."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        conversations: ConversationRepo,
+        runs: RunRepo,
+        leases: RunRepo,
+        events: EventRepo,
+        bus: EventBus,
+        executor: Executor,
+        interrupts: Callable[[str], InterruptQueue],
+        metrics: Metrics,
+        worker_id: str,
+        active: dict[str, ActiveRun],
+        accepting: Callable[[], bool],
+        cancel_local: Callable[[ActiveRun, CancelReason], None],
+    ) -> None:
+        self.settings = settings
+        self.conversations = conversations
+        self.runs = runs
+        self.leases = leases
+        self.events = events
+        self.bus = bus
+        self.executor = executor
+        self.interrupt_queue = interrupts
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.active = active
+        self.accepting = accepting
+        self.cancel_local = cancel_local
+        self._wake = asyncio.Event()
+        self._local_prefix = f"{socket.gethostname()}:"
+
+    def wake(self) -> None:
+        """Look for runs to take over now (a worker released one)."""
+        self._wake.set()
+
+    # ---- this worker's leases ----------------------------------------------------------------
+
+    async def heartbeat_loop(self) -> None:
+        interval = max(self.settings.run_lease_s / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            if self.active:
+                await self.heartbeat()
+
+    async def heartbeat(self) -> None:
+        # Only runs known before the query are judged by it: a run is added to ``active`` after
+        # its row is committed, so these are in the query's view, while a run started during the
+        # round trip may not be.
+        checked = list(self.active)
+        try:
+            await self.leases.renew_leases(checked, self.worker_id, self.settings.run_lease_s)
+            ours = {run.id: run for run in await self.leases.running_of_worker(self.worker_id)}
+        except Exception as exc:
+            # An outage is expected now and then: its error is enough, a traceback every pass is not.
+            log.warning(
+                "lease renewal failed", exc_info=not database_unreachable(exc), extra={"error": repr(exc)}
+            )
+            return
+        for run_id in checked:
+            active = self.active.get(run_id)
+            if active is None or active.finishing:
+                continue
+            run = ours.get(run_id)
+            if run is None or run.attempt != active.attempt:
+                # This worker stalled past the lease and another one took the run over: stop here.
+                log.warning("run lost its lease to another worker", extra={"run_id": run_id})
+                self.cancel_local(active, "lost")
+            elif run.cancel_requested:
+                # The cancel signal did not reach this worker (Redis was away); the row says so.
+                self.cancel_local(active, "user")
+
+    # ---- other workers' runs ----------------------------------------------------------------
+
+    async def claim_loop(self) -> None:
+        interval = min(CLAIM_INTERVAL_S, max(self.settings.run_lease_s / 3, 0.05))
+        while True:
+            self._wake.clear()
+            try:
+                await self.claim_once()
+            except Exception as exc:
+                log.warning(
+                    "looking for runs to take over failed",
+                    exc_info=not database_unreachable(exc),
+                    extra={"error": repr(exc)},
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+
+    async def claim_once(self) -> int:
+        """Take over every run that no live worker holds; returns how many this worker took."""
+        if not self.accepting():
+            return 0
+        taken = 0
+        for run in await self.runs.claimable(self.worker_id, local_prefix=self._local_prefix):
+            if not self.accepting():
+                break
+            if run.id not in self.active and await self.take_over(run):
+                taken += 1
+        return taken
+
+    async def take_over(self, run: RunRecord, now: datetime | None = None) -> bool:
+        """Claim ``run`` (as read) if no live worker holds it, then carry it on from its last
+        checkpoint, or close it if it was cancelled or its attempts keep dying. False if it is
+        held, or another worker was first."""
+        released = run.worker_id is None
+        expired = run.lease_expires_at is not None and run.lease_expires_at < (now or utcnow())
+        holder_dead = not released and not expired and local_process_gone(run.worker_id or "")
+        if not (released or expired or holder_dead):
+            return False
+        restored: list[tuple[RunCheckpoint, str | None]] = []
+
+        def snapshot(rows: list[CheckpointRow]) -> CheckpointRow | None:
+            state = RunCheckpoint.fold(orjson.loads(row.data) for row in rows)
+            after = rows[-1].after if rows else None
+            restored.append((state, after))
+            if state.empty:
+                return None
+            return CheckpointRow(0, after, orjson.dumps(state.encode()).decode())
+
+        claimed = await self.runs.claim(
+            run,
+            self.worker_id,
+            self.settings.run_lease_s,
+            lost=not released,
+            holder_dead=holder_dead,
+            snapshot=snapshot,
+        )
+        if claimed is None:
+            return False
+        state, after = restored[-1]
+        log.info(
+            "took over a run",
+            extra={
+                "run_id": run.id,
+                "conversation_id": run.conversation_id,
+                "attempt": claimed.attempt,
+                "previous_worker": run.worker_id,
+                "checkpoints": state.checkpoints,
+            },
+        )
+        if claimed.cancel_requested:
+            await self.close_unheld(claimed, state, "cancelled", "cancelled by the user")
+        elif claimed.lost_attempts >= self.settings.run_max_attempts:
+            error = (
+                f"the run's worker was lost {claimed.lost_attempts} times "
+                f"(RUN_MAX_ATTEMPTS={self.settings.run_max_attempts}); giving up"
+            )
+            await self.close_unheld(claimed, state, "failed", error)
+        else:
+            await self._resume(claimed, state, after or claimed.start_cursor, lost=not released)
+        return True
+
+    async def _resume(self, run: RunRecord, state: RunCheckpoint, after: str, *, lost: bool) -> None:
+        conversation = await self.conversations.get(run.owner, run.conversation_id)
+        if conversation is None:
+            return  # deleted meanwhile, and the run with it
+        history = await self.runs.history_before(run)
+        await self._salvage_events(run)
+        active = ActiveRun(
+            run.id,
+            run.conversation_id,
+            attempt=run.attempt,
+            started=time.monotonic() - max(0.0, time.time() - run.created_at.timestamp()),
+            usage=state.usage(),
+        )
+        self.metrics.runs_resumed.labels("lost" if lost else "handover").inc()
+        self.executor.launch(
+            active,
+            conversation,
+            run.message,
+            history,
+            await self.last_cursor(run.conversation_id),
+            Resume(state, after),
+        )
+
+    async def last_cursor(self, conversation_id: str) -> str:
+        bus_last: str | None = None
+        with contextlib.suppress(Exception):
+            bus_last = await self.bus.last_id(conversation_id)
+        return later_cursor(bus_last, await self.events.last_id(conversation_id))
+
+    async def close_unheld(self, run: RunRecord, state: RunCheckpoint, status: str, error: str) -> bool:
+        """Close ``run``, which this worker claimed but will not carry on, with its ``done``."""
+        await self._salvage_events(run)
+        answer, iterations = progress(await self.events.for_run(run.id))
+        publisher = self.executor.publisher(
+            run.conversation_id, run.id, await self.last_cursor(run.conversation_id)
+        )
+        queue = self.interrupt_queue(run.conversation_id)
+        # Follow-ups the run never took are named in its done and stay in the conversation (stored
+        # with the close), or go back to the queue if the close fails.
+        pending = await drain_quietly(queue)
+        done = RunDone(
+            answer=answer,
+            iterations=iterations,
+            usage=state.usage().as_dict(),
+            elapsed=max(0.0, time.time() - run.created_at.timestamp()),
+            status=status,  # type: ignore[arg-type]
+            error=error,
+            pending_injections=tuple(pending),
+        )
+        stamped: list[StoredEvent] = []
+
+        async def close(event: StoredEvent) -> bool:
+            stamped.append(event)
+            return await close_row(
+                self.runs, run.id, run.attempt, run.conversation_id, done, event, follow_up_messages(pending)
+            )
+
+        try:
+            finished, done_event = await close_with_done(publisher, done, close)
+        except BaseException:
+            # The follow-ups go back unless this close went through after all (its answer lost).
+            if not (stamped and await self._holds_quietly(run.conversation_id, stamped[-1])):
+                await put_back(queue, pending)
+            with contextlib.suppress(Exception):
+                await publisher.discard()
+            raise
+        if not finished:
+            await publisher.discard()
+            return False
+        await publisher.publish_stored(done_event)
+        with contextlib.suppress(EventPersistError):
+            await publisher.close()
+        self.metrics.runs.labels(status).inc()
+        log.warning(
+            "closed a run that no worker held",
+            extra={
+                "run_id": run.id,
+                "conversation_id": run.conversation_id,
+                "status": status,
+                "error": error,
+            },
+        )
+        return True
+
+    async def _holds_quietly(self, conversation_id: str, event: StoredEvent) -> bool:
+        """Whether ``event`` is stored; False when the database cannot tell."""
+        try:
+            return await self.events.holds(conversation_id, event)
+        except Exception:
+            return False
+
+    async def _salvage_events(self, run: RunRecord) -> None:
+        """Store the events the last attempt put on the bus but had not stored yet.
+
+        Its clients saw them live; without this the run's durable record would miss its last
+        moments (R-10). Saving is idempotent, so several workers may do it at once.
+        """
+        after = later_cursor(await self.events.last_id(run.conversation_id), run.start_cursor)
+        try:
+            while True:
+                batch = await self.bus.read_after(run.conversation_id, after, limit=1000)
+                if not batch:
+                    return
+                ours = [event for event in batch if event.run_id == run.id]
+                if ours:
+                    await self.events.save(run.conversation_id, ours)
+                after = batch[-1].id
+        except Exception:
+            log.warning("could not salvage the last attempt's events from the bus", exc_info=True)
