@@ -28,11 +28,13 @@ from app.api.routes import conversations, health, openai_compat, runs, stream, t
 from app.container import Services
 from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
+from app.db.repositories.follow_ups import FollowUpRepo
+from app.db.repositories.notes import NoteRepo
 from app.db.session import Database
 from app.engine.hooks import AuditHook, AuditRecord, HookRegistry, ToolRateLimit
-from app.engine.interrupts import InterruptQueue, MemoryInterruptQueue
 from app.llm.factory import build_llm
 from app.observability import Metrics, configure_logging
+from app.runs.follow_ups import DurableInterruptQueue, FollowUpHints, MemoryFollowUpHints
 from app.runs.instrumented import InstrumentedLLM
 from app.runs.manager import RunManager
 from app.settings import Settings
@@ -85,15 +87,12 @@ async def build_services(settings: Settings) -> Services:
         from redis.asyncio import Redis
 
         from app.streaming.redis_bus import RedisEventBus
-        from app.streaming.redis_signals import RedisCancelSignal, RedisInterruptQueue
+        from app.streaming.redis_signals import RedisCancelSignal, RedisFollowUpHints
 
         redis_client = Redis.from_url(settings.redis_url)
         bus = RedisEventBus(settings.redis_url, settings.redis_key_prefix)
         prefix = settings.redis_key_prefix
-
-        def interrupts(conversation_id: str) -> InterruptQueue:
-            return RedisInterruptQueue(redis_client, prefix, conversation_id)
-
+        hints: FollowUpHints = RedisFollowUpHints(redis_client, prefix)
         cancel_signal: Any = RedisCancelSignal(redis_client, prefix)
         released_signal: Any = RedisCancelSignal(redis_client, prefix, name="released")
         log.info("event bus: Redis Streams")
@@ -101,17 +100,18 @@ async def build_services(settings: Settings) -> Services:
         from app.streaming.redis_signals import MemoryCancelSignal
 
         bus = MemoryEventBus(retention_s=settings.stream_retention_s)
-        queues: dict[str, MemoryInterruptQueue] = {}
-
-        def interrupts(conversation_id: str) -> InterruptQueue:
-            return queues.setdefault(conversation_id, MemoryInterruptQueue())
-
+        hints = MemoryFollowUpHints()
         cancel_signal = MemoryCancelSignal()
         released_signal = MemoryCancelSignal()
         log.info("event bus: in-process (set REDIS_URL to share runs between workers)")
 
+    follow_ups = FollowUpRepo(db.sessionmaker)
+
+    def interrupts(conversation_id: str, position: int | None) -> DurableInterruptQueue:
+        return DurableInterruptQueue(follow_ups, hints, conversation_id, position=position)
+
     llm = InstrumentedLLM(build_llm(settings), metrics)
-    registry = default_registry()
+    registry = default_registry(notes=NoteRepo(db.sessionmaker))
     mcp_tools = await connect_mcp_tools(settings.mcp_servers, registry)
     audit = _audit_logger()
 
@@ -132,6 +132,7 @@ async def build_services(settings: Settings) -> Services:
         llm=llm,
         tools=registry,
         interrupts=interrupts,
+        follow_ups=follow_ups,
         cancel_signal=cancel_signal,
         metrics=metrics,
         worker_id=_worker_id(),

@@ -37,7 +37,7 @@ def message_out(msg: MessageRecord) -> MessageOut:
     )
 
 
-def run_out(run: RunRecord) -> RunOut:
+def run_out(run: RunRecord, model: str) -> RunOut:
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "llm_calls": 0}
     usage.update({k: int(v) for k, v in (run.usage or {}).items() if k in usage})
     return RunOut(
@@ -52,6 +52,11 @@ def run_out(run: RunRecord) -> RunOut:
         error=run.error,
         created_at=iso(run.created_at) or "",
         finished_at=iso(run.finished_at),
+        attempt=run.attempt,
+        model=model,
+        # No approvals or tracing yet: nothing pending, no trace.
+        pending_approvals=[],
+        trace_id=None,
     )
 
 

@@ -222,6 +222,11 @@ class RunOut(BaseModel):
     error: str | None
     created_at: str
     finished_at: str | None
+    attempt: int
+    """1 for the first attempt; one more each time another worker carried the run on (RUNS.md R-03)."""
+    model: str
+    pending_approvals: list[dict[str, Any]]
+    trace_id: str | None
 
 
 class Queued(BaseModel):

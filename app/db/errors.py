@@ -45,3 +45,11 @@ def database_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, (OSError, InterfaceError, OperationalError, PoolTimeoutError)):
         return True
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+class FollowUpLimitError(PersistenceError):
+    """The conversation already holds its most untaken follow-ups; nothing was stored."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} follow-ups are already waiting")
+        self.limit = limit

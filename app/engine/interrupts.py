@@ -29,7 +29,10 @@ class InterruptQueue(Protocol):
         ...
 
     async def drain(self) -> list[str]:
-        """Take every queued message, oldest first, atomically."""
+        """Take every queued message, oldest first, atomically.
+
+        A queue may also have a ``position`` (how far it got, for a new attempt of the run to start
+        from, as the service's durable queue does); the loop records it in its checkpoints."""
         ...
 
 

@@ -302,6 +302,8 @@ class ToolLoop:
         s = self.state
         s.reflection_calls = self.reflection.tool_calls
         s.checklist_fired = self.checklist.fired
+        # A queue that can start from where a run left it (the service's) says how far it got.
+        s.follow_up_position = getattr(self.interrupts, "position", None)
         self.journal.checkpoint(self.usage, **extra)
 
     def _with_unique_ids(self, parsed: ParsedReply, iteration: int) -> ParsedReply:

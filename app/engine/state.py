@@ -115,6 +115,9 @@ class LoopState:
     checklist_fired: bool = False
     tools_used: int = 0
     pending: PendingReply | None = None
+    follow_up_position: int | None = None
+    """How far the run took its conversation's follow-ups (the queue's position, where it has one):
+    a new attempt takes them from there."""
 
 
 # ---- encoding ----------------------------------------------------------------------------------
@@ -254,6 +257,7 @@ class Journal:
                 usage.completion_tokens,
                 usage.total_tokens,
                 usage.llm_calls,
+                s.follow_up_position,
             ]
         }
         if s.messages is not self._messages_ref:
@@ -375,6 +379,9 @@ class RunCheckpoint:
             return Usage()
         return Usage(*self.values[6:10])
 
+    def follow_up_position(self) -> int | None:
+        return self.values[10] if self.values is not None else None
+
     def encode(self) -> dict[str, Any]:
         """The whole state as one delta (what a new attempt stores as its first checkpoint)."""
         out: dict[str, Any] = {"v": list(self.values) if self.values is not None else _ZERO_VALUES}
@@ -424,6 +431,7 @@ class RunCheckpoint:
             checklist_fired=bool(values[4]),
             tools_used=int(values[5]),
             pending=self.pending,
+            follow_up_position=values[10],
         )
 
     def loop_outcome(self) -> LoopOutcome | None:
@@ -441,4 +449,4 @@ class RunCheckpoint:
         )
 
 
-_ZERO_VALUES: list[Any] = [0, 0, False, 0, False, 0, 0, 0, 0, 0]
+_ZERO_VALUES: list[Any] = [0, 0, False, 0, False, 0, 0, 0, 0, 0, None]

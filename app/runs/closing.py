@@ -18,8 +18,8 @@ import orjson
 from app.db.errors import EventIdTakenError, database_unreachable
 from app.db.repositories import RunRepo
 from app.engine.events import RunDone
-from app.engine.interrupts import InterruptQueue
 from app.llm.base import ChatMessage
+from app.runs.follow_ups import DurableInterruptQueue
 from app.streaming.bus import StoredEvent
 from app.streaming.publisher import RunPublisher
 
@@ -46,9 +46,10 @@ async def close_row(
     done: RunDone,
     stamped: StoredEvent,
     messages: Sequence[ChatMessage],
+    follow_ups_through: int | None,
 ) -> bool:
     """Close the run's row as ``done`` says, with ``messages`` and the stamped done itself, if
-    ``attempt`` still holds it."""
+    ``attempt`` still holds it; the follow-ups it took (up to ``follow_ups_through``) go with it."""
     return await runs.finish(
         run_id,
         status=done.status,
@@ -62,6 +63,7 @@ async def close_row(
         conversation_id=conversation_id,
         done=stamped,
         attempt=attempt,
+        follow_ups_through=follow_ups_through,
     )
 
 
@@ -84,11 +86,11 @@ async def while_unreachable(write: Callable[[], Awaitable[T]]) -> T:
             await asyncio.sleep(min(2.0, 0.05 * 2.0**attempt))
 
 
-async def drain_quietly(queue: InterruptQueue) -> list[str]:
-    """The queue's follow-ups, or none while its store is unreachable: a run must still start, and
-    end with its done, during an outage."""
+async def take_rest_quietly(queue: DurableInterruptQueue) -> list[str]:
+    """The follow-ups the run has not taken, or none while the database is unreachable: a run must
+    still end with its done during an outage (they stay queued for the next run then)."""
     try:
-        return await queue.drain()
+        return await queue.take_rest()
     except Exception as exc:
         log.warning("could not drain the interrupt queue", extra={"error": repr(exc)})
         return []
@@ -107,15 +109,6 @@ async def close_with_done(
             log.warning("the done's event id was taken; stamping it again", extra={"error": str(exc)})
     stamped = publisher.stamp(done)
     return await close(stamped), stamped
-
-
-async def put_back(queue: InterruptQueue, contents: list[str]) -> None:
-    """Return drained follow-ups to their queue (after them if others arrived meanwhile)."""
-    for content in contents:
-        try:
-            await queue.put(content)
-        except Exception as exc:
-            log.warning("a follow-up could not be put back in its queue", extra={"error": repr(exc)})
 
 
 def progress(events: list[StoredEvent]) -> tuple[str, int]:

@@ -33,17 +33,17 @@ from app.engine.events import (
     Usage,
 )
 from app.engine.hooks import HookRegistry
-from app.engine.interrupts import InterruptQueue
 from app.engine.state import RunCheckpoint
 from app.llm.base import LLM, ChatMessage
 from app.observability import Metrics, conversation_id_var, run_id_var
 from app.runs.closing import (
     close_row,
     close_with_done,
-    drain_quietly,
     follow_up_messages,
+    take_rest_quietly,
     while_unreachable,
 )
+from app.runs.follow_ups import DurableInterruptQueue
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent
 from app.streaming.publisher import CheckpointRecord, EventPersistError, RunPublisher
@@ -54,6 +54,9 @@ log = logging.getLogger("app.runs")
 CancelReason = Literal["user", "handover", "lost"]
 """Why an attempt's task was cancelled: by its user; by this worker's shutdown, which hands the
 run over; or because another attempt holds the run now (this worker stalled past its lease)."""
+
+InterruptQueues = Callable[[str, int | None], DurableInterruptQueue]
+"""A conversation's follow-up queue, as a run takes it from a position (None: from its start)."""
 
 RELEASE_RETRY_S = 5.0
 """How long a worker that stops tries to release a run; after that the lease runs out instead."""
@@ -94,17 +97,31 @@ class RunCheckpointer:
     database (one group commit for both), numbered within the attempt."""
 
     def __init__(
-        self, publisher: RunPublisher, run_id: str, attempt: int, metrics: Metrics, *, first_seq: int
+        self,
+        publisher: RunPublisher,
+        queue: DurableInterruptQueue,
+        run_id: str,
+        attempt: int,
+        metrics: Metrics,
+        *,
+        first_seq: int,
     ) -> None:
         self._publisher = publisher
+        self._queue = queue
         self._run_id = run_id
         self._attempt = attempt
         self._metrics = metrics
         self._seq = first_seq
+        self._taken = queue.position
 
     def record(self, delta: dict[str, Any]) -> None:
         data = orjson.dumps(delta, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-        self._publisher.checkpoint(CheckpointRecord(self._run_id, self._attempt, self._seq, data))
+        record = CheckpointRecord(self._run_id, self._attempt, self._seq, data)
+        if self._queue.position != self._taken:
+            # The follow-ups the checkpoint records as taken leave the queue with it.
+            self._taken = self._queue.position
+            record = replace(record, follow_ups_through=self._taken)
+        self._publisher.checkpoint(record)
         self._seq += 1
         self._metrics.checkpoints.inc()
 
@@ -140,7 +157,7 @@ class Executor:
         bus: EventBus,
         llm: LLM,
         tools: ToolRegistry,
-        interrupts: Callable[[str], InterruptQueue],
+        interrupts: InterruptQueues,
         hooks: Callable[[], HookRegistry],
         metrics: Metrics,
         worker_id: str,
@@ -225,7 +242,9 @@ class Executor:
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
             await publisher.publish(event)
 
-        queue = self.interrupt_queue(active.conversation_id)
+        queue = self.interrupt_queue(
+            active.conversation_id, resume.state.follow_up_position() if resume is not None else None
+        )
         agent = ReActAgent(
             self.llm,
             self._tools_for(conversation),
@@ -233,7 +252,12 @@ class Executor:
             self.hooks(),
         )
         checkpointer = RunCheckpointer(
-            publisher, active.run_id, active.attempt, self.metrics, first_seq=1 if resume is not None else 0
+            publisher,
+            queue,
+            active.run_id,
+            active.attempt,
+            self.metrics,
+            first_seq=1 if resume is not None else 0,
         )
         result: AgentResult | None = None
         status: str
@@ -323,7 +347,7 @@ class Executor:
         self,
         active: ActiveRun,
         publisher: RunPublisher,
-        queue: InterruptQueue,
+        queue: DurableInterruptQueue,
         result: AgentResult | None,
         engine_done: list[RunDone],
         status: str,
@@ -340,7 +364,7 @@ class Executor:
         # either taken here or, for the moment until the close commits, as before: at most one
         # transaction's window.
         pending = list(result.pending_injections) if result is not None else []
-        pending += await drain_quietly(queue)
+        pending += await take_rest_quietly(queue)
         new_messages: list[ChatMessage] = []
         if result is not None:
             new_messages = list(result.messages)
@@ -361,11 +385,11 @@ class Executor:
                 pending_injections=tuple(pending),
             )
 
+        run_id, attempt, taken = active.run_id, active.attempt, queue.position
+
         async def close(stamped: StoredEvent) -> bool:
             return await while_unreachable(
-                lambda: close_row(
-                    self.runs, active.run_id, active.attempt, conv_id, done, stamped, new_messages
-                )
+                lambda: close_row(self.runs, run_id, attempt, conv_id, done, stamped, new_messages, taken)
             )
 
         finished, done_event = await close_with_done(publisher, done, close)

@@ -22,13 +22,13 @@ from typing import Any
 
 from app.db.errors import RunActiveError
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.follow_ups import FollowUpRepo
 from app.engine.hooks import HookRegistry
-from app.engine.interrupts import InterruptQueue, InterruptQueueFullError
+from app.engine.interrupts import InterruptQueueFullError
 from app.errors import FollowUpQueueFullError, NoActiveRunError, RunActiveConflict, ShuttingDownError
 from app.llm.base import LLM, ChatMessage
 from app.observability import Metrics
-from app.runs.closing import follow_up_messages
-from app.runs.execution import ActiveRun, CancelReason, Executor
+from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues
 from app.runs.takeover import Takeover
 from app.settings import Settings
 from app.streaming.bus import EventBus, later_cursor
@@ -61,7 +61,8 @@ class RunManager:
         bus: EventBus,
         llm: LLM,
         tools: ToolRegistry,
-        interrupts: Callable[[str], InterruptQueue],
+        interrupts: InterruptQueues,
+        follow_ups: FollowUpRepo,
         cancel_signal: Any,
         metrics: Metrics,
         worker_id: str,
@@ -75,6 +76,7 @@ class RunManager:
         self.events = events
         self.bus = bus
         self.interrupt_queue = interrupts
+        self.follow_ups = follow_ups
         self.cancel_signal = cancel_signal
         # Announces runs a stopping worker released, so that another takes them at once.
         self.released_signal = released_signal if released_signal is not None else MemoryCancelSignal()
@@ -241,18 +243,16 @@ class RunManager:
         run = await self.runs.active(conversation.id)
         if run is None:
             raise NoActiveRunError("no run is active in this conversation")
-        queue = self.interrupt_queue(conversation.id)
+        queue = self.interrupt_queue(conversation.id, None)
         try:
             queued = await queue.put(content)
         except InterruptQueueFullError as exc:
             raise FollowUpQueueFullError(str(exc)) from exc
-        # The run may have finished between the check and the put: then nobody will drain the
-        # queue, so keep what is there in the conversation's history rather than lose it.
+        # The run may have closed between the check and the put: then nobody takes the queue, so
+        # what is there is kept in the conversation's history instead (unless a new run has it).
         latest = await self.runs.get_any(run.id)
         if latest is None or latest.status != "running":
-            leftovers = await queue.drain()
-            if leftovers:
-                await self.conversations.add_messages(conversation.id, run.id, follow_up_messages(leftovers))
+            await self.follow_ups.keep_if_no_run(conversation.id, run.id)
         return queued
 
     # ---- cancel ----------------------------------------------------------------------------

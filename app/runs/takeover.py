@@ -25,18 +25,16 @@ from app.db.models import utcnow
 from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.runs import CheckpointRow
 from app.engine.events import RunDone
-from app.engine.interrupts import InterruptQueue
 from app.engine.state import RunCheckpoint
 from app.observability import Metrics
 from app.runs.closing import (
     close_row,
     close_with_done,
-    drain_quietly,
     follow_up_messages,
     progress,
-    put_back,
+    take_rest_quietly,
 )
-from app.runs.execution import ActiveRun, CancelReason, Executor, Resume
+from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues, Resume
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent, later_cursor
 from app.streaming.publisher import EventPersistError
@@ -63,7 +61,17 @@ def local_process_gone(worker_id: str) -> bool:
         return True
     except OSError:
         return False
-    return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that died but that its parent has not reaped yet (Linux; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            # "pid (comm) state ...": comm may hold spaces and parentheses; the state follows the last ')'.
+            return stat.read().rpartition(")")[2].split()[:1] == ["Z"]
+    except OSError:
+        return False
 
 
 class Takeover:
@@ -79,7 +87,7 @@ class Takeover:
         events: EventRepo,
         bus: EventBus,
         executor: Executor,
-        interrupts: Callable[[str], InterruptQueue],
+        interrupts: InterruptQueues,
         metrics: Metrics,
         worker_id: str,
         active: dict[str, ActiveRun],
@@ -211,16 +219,23 @@ class Takeover:
                 "checkpoints": state.checkpoints,
             },
         )
-        if claimed.cancel_requested:
-            await self.close_unheld(claimed, state, "cancelled", "cancelled by the user")
-        elif claimed.lost_attempts >= self.settings.run_max_attempts:
-            error = (
-                f"the run's worker was lost {claimed.lost_attempts} times "
-                f"(RUN_MAX_ATTEMPTS={self.settings.run_max_attempts}); giving up"
-            )
-            await self.close_unheld(claimed, state, "failed", error)
-        else:
-            await self._resume(claimed, state, after or claimed.start_cursor, lost=not released)
+        try:
+            if claimed.cancel_requested:
+                await self.close_unheld(claimed, state, "cancelled", "cancelled by the user")
+            elif claimed.lost_attempts >= self.settings.run_max_attempts:
+                error = (
+                    f"the run's worker was lost {claimed.lost_attempts} times "
+                    f"(RUN_MAX_ATTEMPTS={self.settings.run_max_attempts}); giving up"
+                )
+                await self.close_unheld(claimed, state, "failed", error)
+            else:
+                await self._resume(claimed, state, after or claimed.start_cursor, lost=not released)
+        except BaseException:
+            # Not carried on, not closed (an outage, mostly): let it go at once for the next pass
+            # of any worker, rather than hold it here until the lease runs out.
+            with contextlib.suppress(Exception):
+                await self.runs.release(claimed.id, claimed.attempt, self.worker_id)
+            raise
         return True
 
     async def _resume(self, run: RunRecord, state: RunCheckpoint, after: str, *, lost: bool) -> None:
@@ -259,10 +274,10 @@ class Takeover:
         publisher = self.executor.publisher(
             run.conversation_id, run.id, await self.last_cursor(run.conversation_id)
         )
-        queue = self.interrupt_queue(run.conversation_id)
+        queue = self.interrupt_queue(run.conversation_id, state.follow_up_position())
         # Follow-ups the run never took are named in its done and stay in the conversation (stored
-        # with the close), or go back to the queue if the close fails.
-        pending = await drain_quietly(queue)
+        # with the close, which takes them off the queue).
+        pending = await take_rest_quietly(queue)
         done = RunDone(
             answer=answer,
             iterations=iterations,
@@ -272,20 +287,16 @@ class Takeover:
             error=error,
             pending_injections=tuple(pending),
         )
-        stamped: list[StoredEvent] = []
 
         async def close(event: StoredEvent) -> bool:
-            stamped.append(event)
+            messages = follow_up_messages(pending)
             return await close_row(
-                self.runs, run.id, run.attempt, run.conversation_id, done, event, follow_up_messages(pending)
+                self.runs, run.id, run.attempt, run.conversation_id, done, event, messages, queue.position
             )
 
         try:
             finished, done_event = await close_with_done(publisher, done, close)
         except BaseException:
-            # The follow-ups go back unless this close went through after all (its answer lost).
-            if not (stamped and await self._holds_quietly(run.conversation_id, stamped[-1])):
-                await put_back(queue, pending)
             with contextlib.suppress(Exception):
                 await publisher.discard()
             raise
@@ -306,13 +317,6 @@ class Takeover:
             },
         )
         return True
-
-    async def _holds_quietly(self, conversation_id: str, event: StoredEvent) -> bool:
-        """Whether ``event`` is stored; False when the database cannot tell."""
-        try:
-            return await self.events.holds(conversation_id, event)
-        except Exception:
-            return False
 
     async def _salvage_events(self, run: RunRecord) -> None:
         """Store the events the last attempt put on the bus but had not stored yet.

@@ -44,6 +44,9 @@ class CheckpointRecord:
     seq: int
     data: str
     after: str | None = None
+    follow_ups_through: int | None = None
+    """The run took the conversation's follow-ups up to this id: stored with the checkpoint, they
+    are deleted from its queue."""
 
 
 class EventStore(Protocol):
@@ -186,6 +189,9 @@ class RunPublisher:
         """The store loop stopped for good (it crashed, or the store refuses this run's events)."""
         self._store_down = False
         """The last batch was dropped after ``store_retry_s``: the next ones get one attempt each."""
+        self._store_failing = False
+        """The last save failed: with ``store_before_bus`` the bus does not wait for the store then
+        (clients keep getting the run live through a database outage)."""
         self._bus_task: asyncio.Task[None] | None = None
         self._store_task: asyncio.Task[None] | None = None
 
@@ -418,6 +424,18 @@ class RunPublisher:
             self._store_waiters.append(waiter)
             await waiter
 
+    async def _stored_unless_failing(self) -> None:
+        """Wait until the store has saved everything queued for it, or is failing."""
+        while (self._to_store or self._saving) and not self._store_dead and not self._store_failing:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._store_waiters.append(waiter)
+            await waiter
+
+    def _wake_store_waiters(self) -> None:
+        waiters, self._store_waiters = self._store_waiters, []
+        for waiter in waiters:
+            _resolve(waiter)
+
     def _end_store_wait(self) -> None:
         if self._store_timer is not None and not self._store_timer.done():
             self._store_timer.set_result(None)
@@ -450,10 +468,12 @@ class RunPublisher:
             batch = self._take()
             if not self._store_dead:
                 self._to_store_later(batch)
-                if self._store_before_bus or any(event.is_done for event in batch):
+                if any(event.is_done for event in batch):
                     # A client that sees done may read the run's events from the database next
                     # (GET /api/runs/{id}/events): they must all be there by then.
                     await self._store_caught_up()
+                elif self._store_before_bus:
+                    await self._stored_unless_failing()
             try:
                 if not self._bus_given_up:
                     await self._send(batch)
@@ -618,15 +638,20 @@ class RunPublisher:
                             extra={**self._context, "error": str(exc)},
                         )
                     self._store_down = True
+                    self._store_failing = True
                     del self._to_store[: len(batch)]
                     return
                 log.warning(
                     "event store save failed; retrying",
                     extra={**self._context, "error": str(exc)},
                 )
+                if not self._store_failing:
+                    self._store_failing = True
+                    self._wake_store_waiters()
                 await asyncio.sleep(_backoff(attempt, 2.0))
                 attempt += 1
                 continue
+            self._store_failing = False
             if self._store_down:
                 log.info("event store answers again", extra=self._context)
                 self._store_down = False

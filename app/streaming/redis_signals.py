@@ -1,9 +1,10 @@
-"""Cross-process run signals: the Redis-backed InterruptQueue and the cancel signal.
+"""Cross-process run signals: cancel, released runs, and follow-up hints.
 
-``RedisInterruptQueue`` is a Redis list per conversation, so follow-ups posted to any worker reach
-the run wherever it executes. ``RedisCancelSignal`` sets a key (so a late check still sees the
-request) and publishes on one channel that each process listens to on a single pubsub connection.
-``MemoryCancelSignal`` is its in-process twin for a service without Redis.
+``RedisCancelSignal`` sets a key (so a late check still sees the request) and publishes on one
+channel that each process listens to on a single pubsub connection; the same class, named
+``released``, announces runs a stopping worker let go. ``MemoryCancelSignal`` is its in-process
+twin for a service without Redis. ``RedisFollowUpHints`` tells a run on any worker that its
+conversation got a follow-up (kept in the database: ``app.runs.follow_ups``).
 """
 
 from __future__ import annotations
@@ -12,16 +13,13 @@ import asyncio
 import inspect
 import logging
 import random
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from app.engine.interrupts import MAX_QUEUED, InterruptQueueFullError
 
 log = logging.getLogger("app.streaming.signals")
 
@@ -29,59 +27,8 @@ CancelCallback = Callable[[str], object]
 """Called with the run id; may return an awaitable, which is awaited."""
 
 
-_PUT_UNLESS_FULL = """
-if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return -1 end
-local count = redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return count
-"""
-"""KEYS[1] the list; ARGV: the message, the limit, the ttl in seconds. -1 when full."""
-
-
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-class RedisInterruptQueue:
-    """``InterruptQueue`` on a Redis list ``{prefix}:interrupts:{conversation_id}``.
-
-    The list expires ``ttl_s`` after the last ``put`` so a queue nobody drains does not linger.
-    """
-
-    def __init__(
-        self,
-        redis: Redis,
-        prefix: str,
-        conversation_id: str,
-        *,
-        ttl_s: int = 86_400,
-        limit: int = MAX_QUEUED,
-    ) -> None:
-        self._redis = redis
-        self._key = f"{prefix}:interrupts:{conversation_id}"
-        self._ttl_s = ttl_s
-        self._limit = limit
-
-    async def put(self, content: str) -> int:
-        # One script: the length check and the push are one step for every worker.
-        count = await self._redis.eval(_PUT_UNLESS_FULL, 1, self._key, content, self._limit, self._ttl_s)
-        if int(count) < 0:
-            raise InterruptQueueFullError(f"{self._limit} follow-ups are already waiting")
-        return int(count)
-
-    async def drain(self) -> list[str]:
-        # MULTI makes read-and-delete atomic: a put lands either in this drain or the next one.
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.lrange(self._key, 0, -1)
-        pipe.delete(self._key)
-        try:
-            items, _ = await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            # Redis is restarting: nothing can be taken now, and what it still holds is taken by
-            # the next drain. The run goes on (and ends with its done) through the outage.
-            log.warning("interrupt queue unreachable; nothing drained", extra={"error": str(exc)})
-            return []
-        return [_text(item) for item in items]
 
 
 class CancelSignal(Protocol):
@@ -260,3 +207,21 @@ class MemoryCancelSignal:
 
     async def close(self) -> None:
         self._callbacks.clear()
+
+
+class RedisFollowUpHints:
+    """``FollowUpHints`` across processes: ``{prefix}:followups:{conversation_id}`` holds a fresh
+    random token after every follow-up (so a Redis restarted empty can never hand back a token a
+    run already saw), for a day."""
+
+    def __init__(self, redis: Redis, prefix: str, *, ttl_s: int = 86_400) -> None:
+        self._redis = redis
+        self._prefix = f"{prefix}:followups"
+        self._ttl_s = ttl_s
+
+    async def version(self, conversation_id: str) -> object:
+        token = await self._redis.get(f"{self._prefix}:{conversation_id}")
+        return b"" if token is None else token
+
+    async def bump(self, conversation_id: str) -> None:
+        await self._redis.set(f"{self._prefix}:{conversation_id}", secrets.token_bytes(12), ex=self._ttl_s)

@@ -112,7 +112,17 @@ async def _store_is_ahead(bus: EventBus, store: EventStoreReader, conversation_i
     newest = await bus.last_id(conversation_id)
     if newest is not None and parse_cursor(newest) > parse_cursor(last):
         return False
-    return bool(await store.read_after(conversation_id, last, 1))
+    try:
+        return bool(await store.read_after(conversation_id, last, 1))
+    except Exception as exc:
+        # The database is away: follow the bus, which shows any hole by its entries' ``prev``.
+        # (A database ahead of the bus is the rule with an in-process bus: it gets every event
+        # first.)
+        log.info(
+            "database unreachable; following the bus",
+            extra={"conversation_id": conversation_id, "error": repr(exc)},
+        )
+        return False
 
 
 async def _continues(

@@ -2,7 +2,7 @@
 
 ``calculator`` (safe arithmetic), ``current_time`` (IANA time zones), ``unit_convert`` (length, mass,
 temperature), ``word_count`` (text statistics), ``write_report`` (a markdown artifact), and
-``save_note`` / ``list_notes`` (an in-memory notebook owned by one registry). Each tool checks its
+``save_note`` / ``list_notes`` (a notebook per owner, in the service's database). Each tool checks its
 input and raises ``ToolInputError`` with a message the model can act on; none does unbounded work.
 """
 
@@ -14,11 +14,11 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.tools.calculator import MAX_EXPRESSION_CHARS, evaluate, format_number
-from app.tools.registry import Artifact, Tool, ToolOutput, ToolRegistry
+from app.tools.registry import Artifact, Tool, ToolInvocation, ToolOutput, ToolRegistry
 
 MAX_TEXT_CHARS = 200_000
 MAX_TITLE_CHARS = 200
@@ -29,6 +29,11 @@ Clock = Callable[[], datetime]
 
 class ToolInputError(ValueError):
     """A tool was called with arguments it cannot use; the message says what is expected."""
+
+
+class NotebookFull(Exception):
+    """A store's refusal of a new note past the limit (the service's ``NoteRepo`` raises its own
+    subclass); the tool reports it to the model."""
 
 
 def _text_arg(name: str, value: object, *, max_chars: int, allow_empty: bool = False) -> str:
@@ -292,26 +297,88 @@ WRITE_REPORT_PARAMETERS: dict[str, Any] = {
 # -- notes -------------------------------------------------------------------------------------
 
 
+class NoteStore(Protocol):
+    """Where the notebook keeps its notes: the database in the service (``NoteRepo``)."""
+
+    async def save(
+        self,
+        owner: str,
+        title: str,
+        content: str,
+        *,
+        idempotency_key: str,
+        max_notes: int,
+        describe: Callable[[bool, int], str],
+    ) -> str: ...
+
+    async def notes(self, owner: str) -> list[tuple[str, str]]: ...
+
+
+class MemoryNoteStore:
+    """A ``NoteStore`` in memory, for an engine without a database (tests, scripts)."""
+
+    def __init__(self) -> None:
+        self._notes: dict[str, dict[str, str]] = {}
+        self._effects: dict[str, str] = {}
+
+    async def save(
+        self,
+        owner: str,
+        title: str,
+        content: str,
+        *,
+        idempotency_key: str,
+        max_notes: int,
+        describe: Callable[[bool, int], str],
+    ) -> str:
+        if idempotency_key and idempotency_key in self._effects:
+            return self._effects[idempotency_key]
+        notes = self._notes.setdefault(owner, {})
+        replaced = title in notes
+        if not replaced and len(notes) >= max_notes:
+            raise ToolInputError(f"the notebook is full ({max_notes} notes)")
+        notes[title] = content
+        result = describe(replaced, len(notes))
+        if idempotency_key:
+            self._effects[idempotency_key] = result
+        return result
+
+    async def notes(self, owner: str) -> list[tuple[str, str]]:
+        return list(self._notes.get(owner, {}).items())
+
+
 @dataclass(slots=True)
 class Notebook:
-    """The notes of one registry, by title; bounded in count and size."""
+    """The notes of each owner, by title; bounded in count and size. A call repeated under its
+    idempotency key (a run carried on after a crash) stores nothing twice (RUNS.md R-12)."""
 
-    notes: dict[str, str] = field(default_factory=dict)
+    store: NoteStore = field(default_factory=MemoryNoteStore)
 
-    async def save_note(self, title: str, content: str) -> str:
+    async def save_note(self, title: str, content: str, invocation: ToolInvocation) -> str:
         title = _text_arg("title", title, max_chars=MAX_TITLE_CHARS).strip()
         content = _text_arg("content", content, max_chars=MAX_NOTE_CHARS)
-        replaced = title in self.notes
-        if not replaced and len(self.notes) >= MAX_NOTES:
-            raise ToolInputError(f"the notebook is full ({MAX_NOTES} notes)")
-        self.notes[title] = content
-        return f"{'Updated' if replaced else 'Saved'} the note '{title}' ({len(self.notes)} notes in total)."
 
-    async def list_notes(self) -> str:
-        if not self.notes:
+        def describe(replaced: bool, total: int) -> str:
+            return f"{'Updated' if replaced else 'Saved'} the note '{title}' ({total} notes in total)."
+
+        try:
+            return await self.store.save(
+                invocation.owner,
+                title,
+                content,
+                idempotency_key=invocation.idempotency_key,
+                max_notes=MAX_NOTES,
+                describe=describe,
+            )
+        except NotebookFull as exc:
+            raise ToolInputError(str(exc)) from exc
+
+    async def list_notes(self, invocation: ToolInvocation) -> str:
+        notes = await self.store.notes(invocation.owner)
+        if not notes:
             return "There are no notes yet."
-        lines = [f"- {title}: {content}" for title, content in self.notes.items()]
-        return f"{len(self.notes)} note(s):\n" + "\n".join(lines)
+        lines = [f"- {title}: {content}" for title, content in notes]
+        return f"{len(notes)} note(s):\n" + "\n".join(lines)
 
 
 SAVE_NOTE_PARAMETERS: dict[str, Any] = {
@@ -329,9 +396,10 @@ SAVE_NOTE_PARAMETERS: dict[str, Any] = {
 LIST_NOTES_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = None) -> list[Tool]:
-    """Fresh instances of every built-in tool; ``clock`` (aware datetimes) is for tests."""
-    book = notebook if notebook is not None else Notebook()
+def builtin_tools(*, clock: Clock | None = None, notes: NoteStore | None = None) -> list[Tool]:
+    """Fresh instances of every built-in tool; ``clock`` (aware datetimes) is for tests; ``notes``
+    keeps the notebook (in memory when not given)."""
+    book = Notebook(notes) if notes is not None else Notebook()
     now = clock or (lambda: datetime.now(UTC))
     return [
         Tool(
@@ -340,6 +408,7 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             CALCULATOR_PARAMETERS,
             calculator,
             timeout_s=5.0,
+            idempotent=True,
         ),
         Tool(
             "current_time",
@@ -347,6 +416,7 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             CURRENT_TIME_PARAMETERS,
             make_current_time(now),
             timeout_s=5.0,
+            idempotent=True,
         ),
         Tool(
             "unit_convert",
@@ -354,6 +424,7 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             UNIT_CONVERT_PARAMETERS,
             unit_convert,
             timeout_s=5.0,
+            idempotent=True,
         ),
         Tool(
             "word_count",
@@ -361,6 +432,7 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             WORD_COUNT_PARAMETERS,
             word_count,
             timeout_s=5.0,
+            idempotent=True,
         ),
         Tool(
             "write_report",
@@ -368,6 +440,7 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             WRITE_REPORT_PARAMETERS,
             write_report,
             timeout_s=5.0,
+            idempotent=True,  # the report is the call's result; nothing is kept elsewhere
         ),
         Tool(
             "save_note",
@@ -376,6 +449,9 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             book.save_note,
             writes=True,
             timeout_s=5.0,
+            # It writes, but under the call's idempotency key: a repeat stores nothing twice.
+            idempotent=True,
+            takes_invocation=True,
         ),
         Tool(
             "list_notes",
@@ -383,10 +459,13 @@ def builtin_tools(*, clock: Clock | None = None, notebook: Notebook | None = Non
             LIST_NOTES_PARAMETERS,
             book.list_notes,
             timeout_s=5.0,
+            idempotent=True,
+            takes_invocation=True,
         ),
     ]
 
 
-def default_registry(*, clock: Clock | None = None) -> ToolRegistry:
-    """A new registry with every built-in tool and its own empty notebook."""
-    return ToolRegistry.of(builtin_tools(clock=clock))
+def default_registry(*, clock: Clock | None = None, notes: NoteStore | None = None) -> ToolRegistry:
+    """A new registry with every built-in tool; its notebook keeps its notes in ``notes`` (the
+    service's database), or in memory of its own."""
+    return ToolRegistry.of(builtin_tools(clock=clock, notes=notes))

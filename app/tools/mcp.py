@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, TextIO
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from app.tools.registry import Tool, ToolRegistry
+from app.tools.registry import Tool, ToolInvocation, ToolRegistry
 
 log = logging.getLogger("app.tools.mcp")
 
@@ -296,15 +296,21 @@ class MCPConnection:
                 break
         return tools
 
-    async def call(self, tool: str, arguments: Mapping[str, Any]) -> str:
-        """Call one of the server's tools; its error result raises ``MCPToolError``."""
+    async def call(self, tool: str, arguments: Mapping[str, Any], *, idempotency_key: str = "") -> str:
+        """Call one of the server's tools; its error result raises ``MCPToolError``.
+
+        ``idempotency_key`` goes in the request's ``_meta`` (RUNS.md R-05): a server with storage of
+        its own can make a repeated call harmless."""
         client = self._client
         if client is None:
             raise MCPServerUnavailableError(f"MCP server {self.name!r} is not connected")
         # The registry bounds the call at timeout_s and reports it; the SDK's own timeout, a little
         # later, is the backstop that frees the request on the session if that ever fails.
         result = await client.call_tool(
-            tool, dict(arguments), read_timeout_seconds=self.config.timeout_s + 1.0
+            tool,
+            dict(arguments),
+            read_timeout_seconds=self.config.timeout_s + 1.0,
+            meta={"idempotency_key": idempotency_key} if idempotency_key else None,
         )
         text = result_text(result)
         if result.is_error:
@@ -327,13 +333,14 @@ class MCPConnection:
 def _make_tool(connection: MCPConnection, mcp_tool: Any, name: str) -> Tool:
     remote_name = str(mcp_tool.name)
 
-    async def call_mcp_tool(**arguments: Any) -> str:
-        return await connection.call(remote_name, arguments)
+    async def call_mcp_tool(invocation: ToolInvocation, **arguments: Any) -> str:
+        return await connection.call(remote_name, arguments, idempotency_key=invocation.idempotency_key)
 
     schema = mcp_tool.input_schema if isinstance(mcp_tool.input_schema, dict) else {}
     if schema.get("type") != "object":
         schema = {"properties": {}, **schema, "type": "object"}
     annotations = mcp_tool.annotations
+    read_only = bool(annotations is not None and annotations.read_only_hint)
     description = (mcp_tool.description or "").strip() or (
         f"Tool {remote_name!r} of the MCP server {connection.name!r}."
     )
@@ -343,8 +350,11 @@ def _make_tool(connection: MCPConnection, mcp_tool: Any, name: str) -> Tool:
         parameters=schema,
         func=call_mcp_tool,
         # MCP's default is "may change things" unless the server says the tool only reads.
-        writes=not (annotations is not None and annotations.read_only_hint),
+        writes=not read_only,
         timeout_s=connection.config.timeout_s,
+        # A call cut off by a crash runs again only when the server says that does no harm.
+        idempotent=read_only or bool(annotations is not None and annotations.idempotent_hint),
+        takes_invocation=True,
     )
 
 

@@ -3,8 +3,11 @@
  * separators (phase, compaction), follow-up bubbles, the streamed answer and the closing footer.
  * Every event id is remembered so an event delivered twice (a replay overlapping a live stream)
  * is never shown twice. Text reaches the DOM through textContent or the escaping Markdown renderer.
+ * A run carried on by another worker (`phase: resumed`) is handled with ./attempts.js: what the lost
+ * attempt drew after the checkpoint is greyed out and the answer starts again.
  */
 
+import { attemptBadgeText, markLostAfter, resumedSeparator, trackEvent } from "./attempts.js";
 import { renderMarkdown } from "./markdown.js";
 
 /** Build an element; string children become text nodes, never markup. */
@@ -59,9 +62,20 @@ export class RunView {
     this.renderTimer = null;
     this.finished = false;
     this.doneData = null;
+    /** The id of the event being shown, for the elements it draws (null when it has none). */
+    this.currentId = null;
+    /** The run's attempt (1 until a `resumed` phase says otherwise). */
+    this.attempt = 1;
     this.timeline = el("div", { className: "run-timeline" });
+    this.attemptBadge = el("div", { className: "run-attempt", "data-testid": "run-attempt", hidden: true });
     this.status = el("div", { className: "run-status", role: "status", "data-testid": "run-status" });
-    this.root = el("section", { className: "run", "data-testid": "run" }, this.timeline, this.status);
+    this.root = el(
+      "section",
+      { className: "run", "data-testid": "run" },
+      this.timeline,
+      this.attemptBadge,
+      this.status,
+    );
     if (runId) this.root.dataset.runId = runId;
     this.setStatus("Starting…");
   }
@@ -90,6 +104,7 @@ export class RunView {
       this.lastId = ev.id;
     }
     this.events.push({ id: ev.id, event: ev.event, data });
+    this.currentId = ev.id ?? null;
     switch (ev.event) {
       case "step":
         this.onStep(data);
@@ -98,7 +113,8 @@ export class RunView {
         this.onAnswer(data);
         break;
       case "phase":
-        this.addSeparator("phase", this.describePhase(data));
+        if (data.phase === "resumed") this.onResumed(data);
+        else this.addSeparator("phase", this.describePhase(data));
         break;
       case "compact":
         this.addSeparator(
@@ -109,7 +125,7 @@ export class RunView {
       case "inject":
         // A drain takes everything queued so far.
         this.clearQueuedFollowUps();
-        this.timeline.append(
+        this.append(
           el(
             "div",
             { className: "bubble user followup", "data-testid": "inject-bubble" },
@@ -136,8 +152,14 @@ export class RunView {
     return name.charAt(0).toUpperCase() + name.slice(1);
   }
 
+  /** Add an element drawn from the current event to the timeline. */
+  append(node) {
+    trackEvent(node, this.currentId);
+    this.timeline.append(node);
+  }
+
   addSeparator(kind, text) {
-    this.timeline.append(
+    this.append(
       el(
         "div",
         { className: `separator ${kind}`, role: "separator", "data-testid": `separator-${kind}` },
@@ -158,7 +180,9 @@ export class RunView {
     if (!card) {
       card = this.makeCard("thinking", `Thinking · step ${data.iteration ?? "?"}`);
       this.thinkingCards.set(key, card);
-      this.timeline.append(card.root);
+      this.append(card.root);
+    } else {
+      trackEvent(card.root, this.currentId);
     }
     if (data.status === "start") {
       this.setStatus("Thinking…");
@@ -166,8 +190,9 @@ export class RunView {
     }
     const reasoning = (data.reasoning ?? "").trim();
     if (!reasoning) {
-      // Nothing to read: a card would only be noise.
+      // Nothing to read: a card would only be noise. (A later attempt's thinking gets a new one.)
       card.root.remove();
+      this.thinkingCards.delete(key);
       return;
     }
     card.title.textContent = `Reasoning · step ${data.iteration ?? "?"}`;
@@ -188,7 +213,7 @@ export class RunView {
         el("pre", { className: "args", "data-testid": "tool-args" }, pretty(data.tool_args ?? {})),
       );
       this.toolCards.push(card);
-      this.timeline.append(card.root);
+      this.append(card.root);
       this.setStatus(`Running ${data.tool_name ?? "a tool"}…`);
       return;
     }
@@ -199,7 +224,9 @@ export class RunView {
       card = this.makeCard("tool", data.tool_name ?? "tool");
       card.root.dataset.tool = data.tool_name ?? "";
       this.toolCards.push(card);
-      this.timeline.append(card.root);
+      this.append(card.root);
+    } else {
+      trackEvent(card.root, this.currentId);
     }
     card.pending = false;
     const failed = Boolean(data.error);
@@ -246,14 +273,66 @@ export class RunView {
   }
 
   ensureAnswerBubble() {
-    if (this.answerBubble) return;
-    this.answerBody = el("div", { className: "markdown" });
-    this.answerBubble = el(
-      "div",
-      { className: "bubble assistant streaming", "data-testid": "answer" },
-      this.answerBody,
-    );
+    if (this.answerBubble && !this.answerBubble.hidden) return;
+    if (this.answerBubble) {
+      // Emptied by a resume: the answer starts afresh after the new attempt's steps.
+      this.answerBubble.hidden = false;
+      this.answerBubble.classList.add("streaming");
+    } else {
+      this.answerBody = el("div", { className: "markdown" });
+      this.answerBubble = el(
+        "div",
+        { className: "bubble assistant streaming", "data-testid": "answer" },
+        this.answerBody,
+      );
+    }
     this.timeline.append(this.answerBubble);
+  }
+
+  /**
+   * Another worker carries the run on from its checkpoint (RUNS.md R-03): what was drawn from
+   * events after `after` is redone, so it is greyed out, and the answer starts again (R-04).
+   */
+  onResumed(data) {
+    const attempt = Number(data.attempt);
+    if (Number.isFinite(attempt)) this.attempt = attempt;
+    const lost = new Set(markLostAfter(this.timeline, data.after));
+    for (const card of this.toolCards) {
+      if (lost.has(card.root)) this.retireCard(card);
+    }
+    for (const [key, card] of this.thinkingCards) {
+      if (!lost.has(card.root)) continue;
+      this.retireCard(card);
+      // The new attempt's thinking for this step gets a card of its own.
+      this.thinkingCards.delete(key);
+    }
+    this.dropAnswer();
+    const separator = resumedSeparator(data);
+    trackEvent(separator, this.currentId);
+    this.timeline.append(separator);
+    this.root.dataset.attempt = String(this.attempt);
+    this.attemptBadge.textContent = attemptBadgeText(attempt);
+    this.attemptBadge.hidden = false;
+    this.setStatus("Resumed on another worker — carrying on from its last checkpoint…");
+  }
+
+  /** A card of a lost attempt: no later event completes it, and it no longer looks running. */
+  retireCard(card) {
+    card.pending = false;
+    if (card.root.dataset.state === "running") card.setState("stopped");
+  }
+
+  /** Forget the answer text streamed so far; the bubble empties and waits for the next delta. */
+  dropAnswer() {
+    if (this.renderTimer !== null) {
+      clearTimeout(this.renderTimer);
+      this.renderTimer = null;
+    }
+    this.answerText = "";
+    if (!this.answerBubble) return;
+    this.answerBody.replaceChildren();
+    this.answerBubble.classList.remove("streaming");
+    this.answerBubble.hidden = true;
   }
 
   onAnswer(data) {
@@ -306,6 +385,7 @@ export class RunView {
     this.doneData = data;
     this.clearQueuedFollowUps();
     this.setStatus("");
+    this.attemptBadge.hidden = true;
     for (const card of [...this.toolCards, ...this.thinkingCards.values()]) {
       if (card.root.dataset.state === "running") card.setState("stopped");
     }
@@ -335,6 +415,9 @@ export class RunView {
       ),
       el("span", {}, plural(usage.llm_calls, "LLM call")),
       el("span", {}, formatSeconds(data.elapsed)),
+      this.attempt > 1
+        ? el("span", { "data-testid": "done-attempt" }, `finished on attempt ${this.attempt}`)
+        : null,
     ];
     const footer = el(
       "footer",

@@ -95,6 +95,26 @@ class ChatPage:
     def answers(self) -> Locator:
         return self.page.get_by_test_id("answer")
 
+    def run_view(self, run_id: str) -> Locator:
+        return self.page.locator(f"[data-testid=run][data-run-id='{run_id}']")
+
+    def timeline(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's timeline in order: each element's test id, the event that drew it (if any),
+        whether it is marked as work of a lost attempt, and whether it is hidden."""
+        entries: list[dict[str, Any]] = (
+            self.run_view(run_id)
+            .locator(".run-timeline > *")
+            .evaluate_all(
+                """(nodes) => nodes.map((node) => ({
+                testid: node.dataset.testid ?? null,
+                event: node.dataset.eventId ?? null,
+                lost: node.dataset.lost === 'true',
+                hidden: node.hidden,
+            }))"""
+            )
+        )
+        return entries
+
     def stored_run(self, run_id: str) -> RunRecord:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         response = httpx.get(f"{self.base_url}/api/runs/{run_id}/events", headers=headers, timeout=10)

@@ -208,18 +208,26 @@ async def test_latest_is_the_most_recent_run_and_none_without_runs(
     assert latest is not None and latest.id == second.id and latest.status == "cancelled"
 
 
-async def test_expired_lists_running_runs_whose_lease_ran_out(database: Database, runs: RunRepo) -> None:
+async def test_claimable_lists_running_runs_whose_lease_ran_out_or_that_were_released(
+    database: Database, runs: RunRepo
+) -> None:
     conversations = ConversationRepo(database.sessionmaker)
     short = await start(runs, await conversations.create("alice", "short", {}), lease_s=10)
     long = await start(runs, await conversations.create("alice", "long", {}), lease_s=100)
     finished = await start(runs, await conversations.create("alice", "finished", {}), lease_s=10)
     await finish(runs, finished.id)
+    mine = await start(runs, await conversations.create("alice", "mine", {}), worker_id="me", lease_s=1)
     now = datetime.now(UTC)
 
-    assert await runs.expired(now) == []
-    assert [r.id for r in await runs.expired(now + timedelta(seconds=50))] == [short.id]
-    assert [r.id for r in await runs.expired(now + timedelta(seconds=500))] == [short.id, long.id]
-    assert await runs.expired() == []
+    assert await runs.claimable("me", now=now) == []
+    assert [r.id for r in await runs.claimable("me", now=now + timedelta(seconds=50))] == [short.id]
+    later = now + timedelta(seconds=500)
+    assert [r.id for r in await runs.claimable("me", now=later)] == [short.id, long.id]
+    assert [r.id for r in await runs.claimable("other", now=later)] == [short.id, long.id, mine.id]
+    assert await runs.release(long.id, long.attempt, "w1")
+    assert [r.id for r in await runs.claimable("me", now=now)] == [long.id]
+    # Workers of this host are listed whatever their lease (the caller asks the process table).
+    assert [r.id for r in await runs.claimable("me", local_prefix="w", now=now)] == [short.id, long.id]
 
 
 async def test_renew_leases_extends_only_the_workers_running_runs(database: Database, runs: RunRepo) -> None:
@@ -234,7 +242,8 @@ async def test_renew_leases_extends_only_the_workers_running_runs(database: Data
     assert renewed.lease_expires_at is not None and mine.lease_expires_at is not None
     assert renewed.lease_expires_at >= mine.lease_expires_at + timedelta(seconds=290)
     assert untouched.lease_expires_at == theirs.lease_expires_at
-    assert [r.id for r in await runs.expired(datetime.now(UTC) + timedelta(seconds=60))] == [theirs.id]
+    soon = datetime.now(UTC) + timedelta(seconds=60)
+    assert [r.id for r in await runs.claimable("w3", now=soon)] == [theirs.id]
 
 
 async def test_renew_leases_does_not_revive_a_finished_run(runs: RunRepo, conv: ConversationRecord) -> None:

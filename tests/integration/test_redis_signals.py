@@ -1,4 +1,4 @@
-"""The Redis InterruptQueue and cancel signal, across independent Redis clients (as across workers)."""
+"""The Redis cancel signal, across independent Redis clients (as across workers)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from app.engine.interrupts import InterruptQueue, InterruptQueueFullError
-from app.streaming.redis_signals import RedisCancelSignal, RedisInterruptQueue
+from app.streaming.redis_signals import RedisCancelSignal
 from tests.unit.streaming.doubles import wait_until
 
 pytestmark = pytest.mark.redis
@@ -39,81 +38,6 @@ async def clients() -> AsyncIterator[tuple[Redis, Redis, str]]:
             await first.delete(*keys)
         await first.aclose()
         await second.aclose()
-
-
-async def test_interrupts_put_through_one_client_are_drained_through_another(
-    clients: tuple[Redis, Redis, str],
-) -> None:
-    first, second, prefix = clients
-    producer = RedisInterruptQueue(first, prefix, "conv_1")
-    consumer: InterruptQueue = RedisInterruptQueue(second, prefix, "conv_1")
-    assert isinstance(consumer, InterruptQueue)
-    assert await producer.put("first") == 1
-    assert await producer.put("second, with ünïcode\nand a newline") == 2
-    assert await consumer.drain() == ["first", "second, with ünïcode\nand a newline"]
-    assert await consumer.drain() == []
-    assert await RedisInterruptQueue(first, prefix, "conv_2").drain() == []
-
-
-async def test_concurrent_puts_and_drains_lose_and_repeat_nothing(clients: tuple[Redis, Redis, str]) -> None:
-    first, second, prefix = clients
-    producer = RedisInterruptQueue(first, prefix, "conv_1")
-    consumer = RedisInterruptQueue(second, prefix, "conv_1")
-    drained: list[str] = []
-    stop = asyncio.Event()
-
-    async def drain_loop() -> None:
-        while not stop.is_set():
-            drained.extend(await consumer.drain())
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(drain_loop())
-    sent = [f"m{i}" for i in range(200)]
-    for message in sent:
-        await producer.put(message)
-    stop.set()
-    await task
-    drained.extend(await consumer.drain())
-    assert drained == sent
-
-
-async def test_a_full_queue_refuses_a_put_from_any_client_and_takes_puts_again_once_drained(
-    clients: tuple[Redis, Redis, str],
-) -> None:
-    first, second, prefix = clients
-    one = RedisInterruptQueue(first, prefix, "conv_1", limit=3)
-    other = RedisInterruptQueue(second, prefix, "conv_1", limit=3)
-    assert [await one.put("a"), await other.put("b"), await one.put("c")] == [1, 2, 3]
-
-    for queue in (one, other):
-        with pytest.raises(InterruptQueueFullError):
-            await queue.put("one too many")
-
-    assert await other.drain() == ["a", "b", "c"]
-    assert await one.put("d") == 1
-
-
-async def test_concurrent_puts_never_fill_the_queue_past_its_limit(clients: tuple[Redis, Redis, str]) -> None:
-    first, second, prefix = clients
-    queues = [RedisInterruptQueue(client, prefix, "conv_1", limit=10) for client in (first, second)]
-
-    async def put(n: int) -> bool:
-        try:
-            await queues[n % 2].put(f"m{n}")
-        except InterruptQueueFullError:
-            return False
-        return True
-
-    accepted = await asyncio.gather(*(put(n) for n in range(40)))
-
-    assert sum(accepted) == 10
-    assert len(await queues[0].drain()) == 10
-
-
-async def test_the_interrupt_list_expires_if_nobody_drains_it(clients: tuple[Redis, Redis, str]) -> None:
-    first, _, prefix = clients
-    await RedisInterruptQueue(first, prefix, "conv_1", ttl_s=100).put("x")
-    assert 0 < await first.ttl(f"{prefix}:interrupts:conv_1") <= 100
 
 
 async def test_cancel_requested_through_one_client_reaches_the_listener_of_another(

@@ -126,6 +126,9 @@ class StreamPlan:
     """finish chunk, usage chunk, ``[DONE]``, and the terminating zero-length chunk."""
     cut_after: int | None = None
     delay_s: float = 0.0
+    hold_after: int | None = None
+    hold: threading.Event | None = None
+    """After ``hold_after`` deltas the stream waits until ``hold`` is set (a test acts meanwhile)."""
     joined: bytes | None = None
     """Everything at once, for the fast path (no cut, no delay)."""
 
@@ -148,6 +151,8 @@ class FakeReply:
         "deltas",
         "finish_reason",
         "headers",
+        "hold",
+        "hold_after",
         "kind",
         "raw",
         "reasoning_content",
@@ -176,6 +181,8 @@ class FakeReply:
         self.then: FakeReply | None = None
         self.until: threading.Event | None = None
         self.raw = b""
+        self.hold_after: int | None = None
+        self.hold: threading.Event | None = None
         self._cache: dict[tuple[str, bool], StreamPlan] = {}
 
     def __repr__(self) -> str:
@@ -228,12 +235,17 @@ class FakeReply:
         *,
         usage: UsageSpec = None,
         finish_reason: str = "stop",
+        hold_after: int | None = None,
+        hold: threading.Event | None = None,
     ) -> FakeReply:
-        """SSE chunks, one per delta; ``cut_after=n`` drops the connection after ``n`` deltas."""
+        """SSE chunks, one per delta; ``cut_after=n`` drops the connection after ``n`` deltas;
+        ``hold_after=n`` waits after ``n`` deltas until ``hold`` is set."""
         reply = cls("stream")
         reply.deltas = list(deltas)
         reply.cut_after = cut_after
         reply.delay_s = delay_s
+        reply.hold_after = hold_after
+        reply.hold = hold
         reply.usage = usage
         reply.finish_reason = finish_reason
         return reply
@@ -393,8 +405,16 @@ class FakeReply:
             tail.append(_chunked(_sse(usage_obj)))
         tail.append(_chunked(_SSE_DONE))
         tail.append(b"0\r\n\r\n")
-        plan = StreamPlan(head, body, tail, cut_after=self.cut_after, delay_s=self.delay_s)
-        if plan.cut_after is None and plan.delay_s <= 0:
+        plan = StreamPlan(
+            head,
+            body,
+            tail,
+            cut_after=self.cut_after,
+            delay_s=self.delay_s,
+            hold_after=self.hold_after,
+            hold=self.hold,
+        )
+        if plan.cut_after is None and plan.delay_s <= 0 and plan.hold is None:
             plan.joined = b"".join(head + body + tail)
         return plan
 
@@ -734,6 +754,8 @@ class FakeOpenAIServer:
         for i, frame in enumerate(plan.delta_frames):
             if plan.cut_after is not None and i >= plan.cut_after:
                 break
+            if plan.hold is not None and i == plan.hold_after:
+                await asyncio.to_thread(plan.hold.wait, 60)
             if plan.delay_s > 0:
                 await asyncio.sleep(plan.delay_s)
             writer.write(frame)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from typing import Any
@@ -217,3 +218,212 @@ def test_json_renderer_prints_one_json_line_per_event_and_notes_on_stderr() -> N
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(line["event"], line["data"]) for line in lines] == [(e.event, e.data) for e in CALCULATOR_RUN]
     assert err.getvalue() == "conversation: c1\n"
+
+
+# ---- a run carried on by another worker (RUNS.md) ----------------------------------
+
+
+def at(cursor: str, event: ServerEvent) -> ServerEvent:
+    return dataclasses.replace(event, id=cursor)
+
+
+def tool_call(start: str, done_at: str, iteration: int, tool: str, observation: str) -> list[ServerEvent]:
+    return [
+        at(
+            start,
+            ev("step", type="iteration", status="start", iteration=iteration, tool_name=tool, tool_args={}),
+        ),
+        at(
+            done_at,
+            ev(
+                "step",
+                type="iteration",
+                status="done",
+                iteration=iteration,
+                tool_name=tool,
+                observation=observation,
+                error=None,
+                iter_elapsed=0.5,
+            ),
+        ),
+    ]
+
+
+def resumed(cursor: str, attempt: int, after: str) -> ServerEvent:
+    return at(cursor, ev("phase", phase="resumed", attempt=attempt, after=after))
+
+
+FOOTER = "── completed · 1 iteration · 150 tokens (120 in, 30 out) · 3 LLM calls · 1.50s\n"
+
+RESUMED_MID_ANSWER = [
+    *tool_call("1000-1", "1000-2", 1, "calculator", "391"),
+    # The checkpoint covers the calculator; the lookup and the answer after it are lost.
+    *tool_call("1000-3", "1000-4", 2, "lookup", "miles"),
+    at("1000-5", ev("answer", status="start")),
+    at("1000-6", ev("answer", status="delta", content="Stale par")),
+    resumed("2000-0", 2, "1000-2"),
+    *tool_call("2000-1", "2000-2", 2, "lookup", "miles"),
+    at("2000-3", ev("answer", status="start")),
+    at("2000-4", ev("answer", status="delta", content="17*23 ")),
+    at("2000-5", ev("answer", status="delta", content="= 391.")),
+    at("2000-6", ev("answer", status="done")),
+    at("2000-7", done("17*23 = 391.")),
+]
+
+
+def test_resume_mid_answer_ends_the_partial_line_and_streams_the_answer_afresh() -> None:
+    assert render(RESUMED_MID_ANSWER) == (
+        "→ calculator {}\n"
+        "  ← 391 (0.50s)\n"
+        "→ lookup {}\n"
+        "  ← miles (0.50s)\n"
+        "Stale par\n"
+        "· resumed on another worker (attempt 2): 1 tool call shown above is redone"
+        " and the answer starts again\n"
+        "→ lookup {}\n"
+        "  ← miles (0.50s)\n"
+        "17*23 = 391.\n" + FOOTER
+    )
+
+
+def test_final_answer_of_a_resumed_run_is_the_text_after_the_last_resume() -> None:
+    renderer = HumanRenderer(io.StringIO())
+    for event in RESUMED_MID_ANSWER:
+        renderer.handle(event)
+    assert renderer.final_answer == "17*23 = 391."
+
+
+def test_resume_counts_redone_tool_calls_by_cursor_numbers_not_strings() -> None:
+    # As strings "1000-10" < "1000-9"; as cursors (1000, 10) > (1000, 9): the second call is redone.
+    events = [
+        *tool_call("999-20", "1000-1", 1, "calculator", "391"),
+        *tool_call("1000-2", "1000-9", 1, "lookup", "a"),
+        *tool_call("1000-10", "1000-11", 2, "lookup", "b"),
+        *tool_call("1000-12", "1000-13", 3, "lookup", "c"),
+        resumed("1001-0", 2, "1000-9"),
+    ]
+    assert render(events).splitlines()[-1] == (
+        "· resumed on another worker (attempt 2): 2 tool calls shown above are redone"
+    )
+
+
+def test_tool_call_finished_after_the_checkpoint_is_counted_as_redone() -> None:
+    events = [
+        *tool_call("1000-1", "1000-5", 1, "calculator", "391"),
+        resumed("1001-0", 2, "1000-3"),
+    ]
+    assert render(events).splitlines()[-1] == (
+        "· resumed on another worker (attempt 2): 1 tool call shown above is redone"
+    )
+
+
+def test_resume_with_nothing_shown_after_the_checkpoint_says_the_run_carries_on() -> None:
+    events = [*tool_call("1000-1", "1000-2", 1, "calculator", "391"), resumed("1001-0", 2, "1000-2")]
+    assert render(events).splitlines()[-1] == (
+        "· resumed on another worker (attempt 2): it carries on from its last checkpoint"
+    )
+
+
+def test_resume_of_events_without_ids_says_steps_after_the_checkpoint_are_redone() -> None:
+    events = [
+        *CALCULATOR_RUN[3:5],
+        ev("answer", status="delta", content="Half"),
+        ev("phase", phase="resumed", attempt=2, after="1000-2"),
+    ]
+    assert render(events).splitlines()[-2:] == [
+        "Half",
+        "· resumed on another worker (attempt 2): any steps shown after its last checkpoint are redone"
+        " and the answer starts again",
+    ]
+
+
+def test_run_resumed_twice_keeps_only_the_answer_after_the_last_resume() -> None:
+    events = [
+        at("1000-1", ev("answer", status="delta", content="first")),
+        resumed("2000-0", 2, "1000-0"),
+        at("2000-1", ev("answer", status="delta", content="second")),
+        resumed("3000-0", 3, "1000-0"),
+        at("3000-1", ev("answer", status="start")),
+        at("3000-2", ev("answer", status="delta", content="third")),
+        at("3000-3", done("third")),
+    ]
+    out = io.StringIO()
+    renderer = HumanRenderer(out)
+    for event in events:
+        renderer.handle(event)
+    assert out.getvalue() == (
+        "first\n"
+        "· resumed on another worker (attempt 2): the answer starts again\n"
+        "second\n"
+        "· resumed on another worker (attempt 3): the answer starts again\n"
+        "third\n" + FOOTER
+    )
+    assert renderer.final_answer == "third"
+
+
+def test_done_answer_replaces_what_the_resumed_attempt_streamed_when_they_differ() -> None:
+    events = [
+        at("1000-1", ev("answer", status="delta", content="Old text")),
+        resumed("2000-0", 2, "1000-0"),
+        at("2000-1", ev("answer", status="delta", content="The resu")),
+        at("2000-2", done("Fallback: 391", error="synthesis failed")),
+    ]
+    output = render(events)
+    assert output.startswith(
+        "Old text\n"
+        "· resumed on another worker (attempt 2): the answer starts again\n"
+        "The resu\n"
+        "(the streamed answer was incomplete; the final answer is:)\n"
+        "Fallback: 391\n"
+    )
+
+
+def test_done_answer_is_printed_when_the_resumed_attempt_streamed_none_of_it() -> None:
+    # The text printed before the resume is dropped, even when it reads the same.
+    events = [
+        at("1000-1", ev("answer", status="delta", content="391")),
+        resumed("2000-0", 2, "1000-0"),
+        at("2000-1", done("391")),
+    ]
+    out = io.StringIO()
+    renderer = HumanRenderer(out)
+    for event in events:
+        renderer.handle(event)
+    assert out.getvalue() == (
+        "391\n· resumed on another worker (attempt 2): the answer starts again\n391\n" + FOOTER
+    )
+    assert renderer.final_answer == "391"
+
+
+def test_run_summary_after_a_resume_prints_the_stored_answer() -> None:
+    out = io.StringIO()
+    renderer = HumanRenderer(out)
+    renderer.handle(at("1000-1", ev("answer", status="delta", content="42")))
+    renderer.handle(resumed("2000-0", 2, "1000-0"))
+    renderer.run_summary(
+        {"answer": "42", "iterations": 2, "usage": USAGE, "elapsed": 3, "status": "completed", "error": None}
+    )
+    assert out.getvalue().splitlines()[:3] == [
+        "42",
+        "· resumed on another worker (attempt 2): the answer starts again",
+        "42",
+    ]
+    assert renderer.final_answer == "42"
+
+
+def test_json_renderer_passes_the_resumed_phase_through_with_its_cursor() -> None:
+    # Scripts get the events as they are: the resume, its cursor and done.answer are all there.
+    out, err = io.StringIO(), io.StringIO()
+    renderer = JsonRenderer(out, err)
+    for event in RESUMED_MID_ANSWER:
+        renderer.handle(event)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[6] == {
+        "id": "2000-0",
+        "event": "phase",
+        "data": {"run_id": "r1", "phase": "resumed", "attempt": 2, "after": "1000-2"},
+    }
+    assert [(line["id"], line["event"], line["data"]) for line in lines] == [
+        (e.id, e.event, e.data) for e in RESUMED_MID_ANSWER
+    ]
+    assert err.getvalue() == ""

@@ -435,6 +435,10 @@ class ChunkEncoder:
         self.completion = completion
         self.include_usage = include_usage
         self.sent = ""
+        self.held = False
+        """The run was carried on by a new attempt after answer text went out (RUNS.md R-04): its
+        answer streams again from the start, which a chat completion cannot take back, so the rest
+        waits for ``done`` (sent as the remainder, or as ``answer_replaced``)."""
 
     def first(self) -> bytes:
         return self.completion.chunk(
@@ -448,9 +452,12 @@ class ChunkEncoder:
         if event.event == "answer":
             data = orjson.loads(event.data)
             content = data.get("content")
-            if data.get("status") == "delta" and content:
+            if data.get("status") == "delta" and content and not self.held:
                 self.sent += content
                 return [c.chunk({"content": content})]
+            return []
+        if event.event == "phase" and self.sent and orjson.loads(event.data).get("phase") == "resumed":
+            self.held = True
             return []
         if event.event == "done":
             return self._closing(orjson.loads(event.data))

@@ -24,7 +24,7 @@ async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
 
 @router.get("/api/runs/{run_id}", response_model=RunOut, responses=ERRORS)
 async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
-    return run_out(await owned_run(services, owner, run_id))
+    return run_out(await owned_run(services, owner, run_id), services.extras["llm"].model_name)
 
 
 @router.get("/api/runs/{run_id}/events", response_model=list[EventOut], responses=ERRORS)

@@ -47,6 +47,7 @@ class _PendingSave:
     rows: list[dict[str, Any]]
     future: asyncio.Future[None]
     checkpoint_rows: list[dict[str, Any]] = field(default_factory=list)
+    follow_ups_through: int | None = None
 
 
 class EventRepo:
@@ -95,7 +96,10 @@ class EventRepo:
         future: asyncio.Future[None] = loop.create_future()
         # A caller cancelled meanwhile leaves its outcome unread: read it here, quietly.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        self._queue.append(_PendingSave(conversation_id, rows, future, checkpoint_rows))
+        taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
+        self._queue.append(
+            _PendingSave(conversation_id, rows, future, checkpoint_rows, max(taken) if taken else None)
+        )
         writer = self._writer
         if writer is not None and writer.get_loop() is not loop:
             # Left behind by an event loop that is gone (tests run one per test): so is its queue.
@@ -133,6 +137,11 @@ class EventRepo:
             await self._insert(
                 [row for pending in batch for row in pending.rows],
                 [row for pending in batch for row in pending.checkpoint_rows],
+                [
+                    (p.conversation_id, p.follow_ups_through)
+                    for p in batch
+                    if p.follow_ups_through is not None
+                ],
             )
         except IntegrityError:
             # Conflicts are skipped, so only the foreign key can fail: a conversation is gone.
@@ -150,7 +159,12 @@ class EventRepo:
         for pending in batch:
             _settle(pending.future, None)
 
-    async def _insert(self, rows: list[dict[str, Any]], checkpoint_rows: list[dict[str, Any]]) -> None:
+    async def _insert(
+        self,
+        rows: list[dict[str, Any]],
+        checkpoint_rows: list[dict[str, Any]],
+        follow_ups_taken: list[tuple[str, int]],
+    ) -> None:
         async with self._sessionmaker.begin() as session:
             if rows:
                 await _insert_events(session, rows)

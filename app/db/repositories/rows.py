@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Table, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.errors import ConversationNotFoundError, InvalidCursorError
-from app.db.models import RUN_STATUSES, Checkpoint, Conversation, Message, Run, RunEvent, utcnow
+from app.db.models import RUN_STATUSES, Checkpoint, Conversation, FollowUp, Message, Run, RunEvent, utcnow
 from app.llm.base import ChatMessage, Role, ToolCall
 from app.streaming.bus import StoredEvent, parse_cursor
 
@@ -249,6 +249,14 @@ def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
         "event": stored.event,
         "data": stored.data,
     }
+
+
+async def _delete_follow_ups(session: AsyncSession, conversation_id: str, through: int) -> None:
+    """Delete the follow-ups a run took (ids up to ``through``), in the caller's transaction: with
+    the checkpoint, or the close, that records them taken."""
+    await session.execute(
+        delete(FollowUp).where(FollowUp.conversation_id == conversation_id, FollowUp.id <= through)
+    )
 
 
 def _insert_for(session: AsyncSession) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from sqlalchemy import bindparam, func, insert, or_, select, update
@@ -19,6 +19,7 @@ from app.db.repositories.rows import (
     RunRecord,
     _append_messages,
     _checkpoints,
+    _delete_follow_ups,
     _event_row,
     _history,
     _holds,
@@ -180,6 +181,7 @@ class RunRepo:
         conversation_id: str | None = None,
         done: StoredEvent | None = None,
         attempt: int | None = None,
+        follow_ups_through: int | None = None,
     ) -> bool:
         """Close the run if it is still running (in ``attempt``, when given: an attempt that lost
         the run to another one cannot close it); False if someone else closed it first.
@@ -220,6 +222,8 @@ class RunRepo:
                     return True  # this very close, committed by an earlier attempt
                 if messages:
                     await _append_messages(session, conversation_id, run_id, messages)
+                if closed and follow_ups_through is not None:
+                    await _delete_follow_ups(session, conversation_id, follow_ups_through)
                 if (
                     done is not None
                     and closed
@@ -241,11 +245,14 @@ class RunRepo:
                 .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
             )
 
-    async def claimable(self, worker_id: str, *, local_prefix: str | None = None) -> list[RunRecord]:
+    async def claimable(
+        self, worker_id: str, *, local_prefix: str | None = None, now: datetime | None = None
+    ) -> list[RunRecord]:
         """Running runs that no live worker may hold, oldest first: released by their worker (none
-        holds them), or their lease ran out. With ``local_prefix``, also the runs held by workers
-        whose ids start with it (this host's: the caller can tell whether their process lives)."""
-        now = utcnow()
+        holds them), or their lease ran out (before ``now``). With ``local_prefix``, also the runs
+        held by workers whose ids start with it (this host's: the caller can tell whether their
+        process lives). Never ``worker_id``'s own."""
+        now = now if now is not None else utcnow()
         free = or_(Run.worker_id.is_(None), Run.lease_expires_at < now)
         if local_prefix is not None:
             free = or_(free, Run.worker_id.startswith(local_prefix, autoescape=True))

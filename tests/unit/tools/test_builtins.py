@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from app.tools.builtins import MAX_NOTES, convert_units, default_registry, slugify
-from app.tools.registry import ToolRegistry
+from app.tools.registry import ToolInvocation, ToolRegistry
 
 FIXED_NOW = datetime(2026, 1, 15, 12, 30, 0, tzinfo=UTC)
 
@@ -213,3 +213,23 @@ async def test_unknown_arguments_become_tool_errors(registry: ToolRegistry) -> N
     result = await registry.execute("calculator", {"expr": "1+1"})
 
     assert result.error is not None and "Invalid arguments" in result.error
+
+
+def test_every_builtin_may_be_run_again_after_a_crash(registry: ToolRegistry) -> None:
+    # They only read or compute; save_note writes under the call's idempotency key.
+    assert [tool.name for tool in registry if not tool.idempotent] == []
+    assert {tool.name for tool in registry if tool.takes_invocation} == {"save_note", "list_notes"}
+
+
+async def test_notes_belong_to_their_owner_and_a_repeated_call_stores_nothing_twice(
+    registry: ToolRegistry,
+) -> None:
+    alice = ToolInvocation(idempotency_key="run_1:call_1", owner="alice")
+    first = await registry.execute("save_note", {"title": "milk", "content": "2 litres"}, invocation=alice)
+    again = await registry.execute("save_note", {"title": "milk", "content": "2 litres"}, invocation=alice)
+    bob = ToolInvocation(idempotency_key="run_2:call_1", owner="bob")
+
+    assert first.content == again.content == "Saved the note 'milk' (1 notes in total)."
+    assert (await registry.execute("list_notes", {}, invocation=bob)).content == "There are no notes yet."
+    listed = await registry.execute("list_notes", {}, invocation=ToolInvocation("k", owner="alice"))
+    assert listed.content == "1 note(s):\n- milk: 2 litres"

@@ -1,0 +1,37 @@
+"""Whether a worker of this host is gone: its runs need not wait for their leases (RUNS.md R-03)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from app.runs.takeover import local_process_gone
+from tests.support.server import wait_until
+
+
+def worker_id(pid: int, host: str | None = None) -> str:
+    return f"{host or socket.gethostname()}:{pid}:abc123"
+
+
+def test_a_live_process_of_this_host_is_not_gone_and_one_of_another_host_cannot_be_told() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not local_process_gone(worker_id(child.pid))
+        assert not local_process_gone(worker_id(child.pid, host="another-host"))
+        assert not local_process_gone(worker_id(os.getpid()))  # this very process
+        assert not local_process_gone("not a worker id")
+    finally:
+        child.kill()
+        child.wait()
+    assert local_process_gone(worker_id(child.pid))
+
+
+def test_a_dead_process_its_parent_has_not_reaped_yet_is_gone() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # Not reaped (no wait()): a zombie, which kill(pid, 0) still finds.
+        wait_until(lambda: local_process_gone(worker_id(child.pid)), timeout=10, what="the child to exit")
+    finally:
+        child.wait()
