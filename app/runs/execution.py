@@ -46,7 +46,8 @@ from app.runs.closing import (
 from app.runs.follow_ups import DurableInterruptQueue
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent
-from app.streaming.publisher import CheckpointRecord, EventPersistError, RunPublisher
+from app.streaming.publisher import RunPublisher
+from app.streaming.store import CheckpointRecord, EventPersistError
 from app.tools.registry import ToolRegistry
 
 log = logging.getLogger("app.runs")

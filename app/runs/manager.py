@@ -84,6 +84,7 @@ class RunManager:
         self.worker_id = worker_id
         self._active: dict[str, ActiveRun] = {}
         self._background: list[asyncio.Task[None]] = []
+        self._claims: asyncio.Task[None] | None = None
         self._accepting = True
         self.executor = Executor(
             settings=settings,
@@ -121,12 +122,19 @@ class RunManager:
     async def start(self) -> None:
         await self.cancel_signal.listen(self._on_cancel_requested)
         await self.released_signal.listen(lambda _run_id: self.takeover.wake())
+        self._claims = asyncio.create_task(self.takeover.claim_loop(), name="run-claims")
         self._background.append(asyncio.create_task(self.takeover.heartbeat_loop(), name="run-heartbeat"))
-        self._background.append(asyncio.create_task(self.takeover.claim_loop(), name="run-claims"))
+        self._background.append(self._claims)
 
     async def shutdown(self) -> None:
         """Stop taking runs; let active runs finish within the grace period; hand the rest over."""
         self._accepting = False
+        if self._claims is not None:
+            # No run taken over from now on (one being taken over now is in ``_active`` after
+            # this); the heartbeat goes on renewing the leases through the grace period.
+            self._claims.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._claims
         pending = [a.task for a in self._active.values() if a.task is not None]
         if pending:
             log.info("shutdown: waiting for active runs", extra={"runs": len(pending)})
@@ -236,7 +244,11 @@ class RunManager:
         await self.cancel_signal.request(run.id)
         latest = await self.runs.get_any(run.id)
         if latest is not None and latest.status == "running" and latest.id not in self._active:
-            await self.takeover.take_over(latest)
+            try:
+                await self.takeover.take_over(latest)
+            except Exception as exc:
+                # The cancel is on the run's row: the next worker to take it over closes it.
+                log.warning("could not close the cancelled run now", extra={"error": repr(exc)})
         return run
 
     async def interrupt(self, conversation: ConversationRecord, content: str) -> int:

@@ -37,7 +37,7 @@ from app.runs.closing import (
 from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues, Resume
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent, later_cursor
-from app.streaming.publisher import EventPersistError
+from app.streaming.store import EventPersistError
 
 log = logging.getLogger("app.runs")
 

@@ -15,9 +15,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import replace
 
 import orjson
 
@@ -30,43 +29,9 @@ from app.streaming.bus import (
     next_cursor,
     parse_cursor,
 )
+from app.streaming.store import CheckpointRecord, EventPersistError, EventStore, PublisherClosedError
 
 log = logging.getLogger("app.streaming.publisher")
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointRecord:
-    """One checkpoint of a run as it is stored (RUNS.md R-01), with ``after``, the id of the last
-    event published before it: the events it covers."""
-
-    run_id: str
-    attempt: int
-    seq: int
-    data: str
-    after: str | None = None
-    follow_ups_through: int | None = None
-    """The run took the conversation's follow-ups up to this id: stored with the checkpoint, they
-    are deleted from its queue."""
-
-
-class EventStore(Protocol):
-    async def save(
-        self,
-        conversation_id: str,
-        events: Sequence[StoredEvent],
-        checkpoints: Sequence[CheckpointRecord] = (),
-    ) -> None:
-        """Store events and checkpoints in one transaction; what is already stored is skipped, so
-        a retried batch is harmless."""
-        ...
-
-
-class PublisherClosedError(Exception):
-    """``publish()`` after ``close()``."""
-
-
-class EventPersistError(Exception):
-    """The database kept refusing the run's events for longer than ``store_retry_s``."""
 
 
 MAX_DELTA_CHARS = 16_384

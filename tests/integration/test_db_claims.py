@@ -13,7 +13,7 @@ from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo,
 from app.db.repositories.runs import CheckpointRow
 from app.db.session import Database
 from app.llm.base import ChatMessage
-from app.streaming.publisher import CheckpointRecord
+from app.streaming.store import CheckpointRecord
 
 
 @pytest.fixture

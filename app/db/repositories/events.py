@@ -25,7 +25,7 @@ from app.db.repositories.rows import (
     _insert_for,
 )
 from app.streaming.bus import StoredEvent
-from app.streaming.publisher import CheckpointRecord
+from app.streaming.store import CheckpointRecord
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

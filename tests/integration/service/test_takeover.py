@@ -11,13 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import text
 
 from app.db.errors import EventIdTakenError
-from app.db.repositories import RunRepo
+from app.db.repositories import EventRepo, RunRepo
 from app.db.session import Database
 from app.streaming.bus import StoredEvent
+from app.streaming.store import CheckpointRecord
 from tests.integration.conftest import run_in_own_loop
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
@@ -236,3 +238,72 @@ def test_a_done_whose_id_was_taken_is_stamped_again_and_the_run_closes(
     events = api.wait_stored(run_id)
     assert events[-1]["data"]["answer"] == agent.answer
     assert refused and events[-1]["id"] != refused[0]
+
+
+def leave_checkpoint(database_url: str, conversation_id: str, run_id: str, delta: dict[str, Any]) -> None:
+    """A checkpoint of the dead worker's attempt (what its engine stored before it died)."""
+
+    async def save() -> None:
+        db = Database(database_url)
+        try:
+            record = CheckpointRecord(run_id, 1, 0, orjson.dumps(delta).decode(), after=None)
+            await EventRepo(db.sessionmaker).save(conversation_id, [], [record])
+        finally:
+            await db.dispose()
+
+    run_in_own_loop(save)
+
+
+def test_usage_adds_up_every_attempt(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+) -> None:
+    """R-06: what the lost attempt's calls cost (its checkpoint says so) and every call of the new one."""
+    agent = gated_llm.play(GatedAgent(tokens=4))
+    api = clients(start_service(redis=False).base_url)
+    conv = api.create_conversation()
+    run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
+    leave_checkpoint(
+        migrated_database_url, conv, run_id, {"v": [0, 0, False, 0, False, 0, 100, 20, 120, 3, None]}
+    )
+
+    with api.stream(conv) as stream:
+        events = stream.read(until=lambda e: e.event == "done")
+
+    calls = len(agent.requests)
+    assert calls >= 2  # the loop's call and the synthesis, at least
+    usage = events[-1].data["usage"]
+    assert usage == {
+        "prompt_tokens": 100 + 10 * calls,
+        "completion_tokens": 20 + 5 * calls,
+        "total_tokens": 120 + 15 * calls,
+        "llm_calls": 3 + calls,
+    }
+    assert api.run(run_id)["usage"] == usage
+
+
+def test_a_run_cancelled_while_no_worker_holds_it_ends_cancelled_when_it_is_taken_over(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+) -> None:
+    """R-11: its worker is gone and its lease still runs: the cancel is kept on the run, and the
+    worker that takes it over closes it, with its done, instead of carrying it on."""
+    agent = gated_llm.play(GatedAgent(tokens=4))
+    api = clients(start_service(redis=False).base_url)
+    conv = api.create_conversation()
+    run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
+
+    cancelled = api.cancel(conv)
+    with api.stream(conv) as stream:
+        events = stream.read(until=lambda e: e.event == "done")
+
+    assert cancelled.status_code == 202, cancelled.text
+    done = events[-1].data
+    assert (done["run_id"], done["status"], done["error"]) == (run_id, "cancelled", "cancelled by the user")
+    assert agent.requests == []  # not carried on: no model call
+    assert api.run(run_id)["status"] == "cancelled"
+    assert api.cancel(conv).status_code == 409

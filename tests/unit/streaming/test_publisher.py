@@ -17,7 +17,8 @@ from app.engine.events import (
     ThinkingStarted,
 )
 from app.streaming.bus import StoredEvent, parse_cursor
-from app.streaming.publisher import MAX_DELTA_CHARS, EventPersistError, PublisherClosedError, RunPublisher
+from app.streaming.publisher import MAX_DELTA_CHARS, RunPublisher
+from app.streaming.store import EventPersistError, PublisherClosedError
 from tests.unit.streaming.doubles import MemoryStore, ScriptedBus, wait_until
 
 CONV = "conv_1"

@@ -1,0 +1,48 @@
+"""What a run's publisher stores and where: the checkpoint record, the store's protocol, its errors.
+
+The database implements ``EventStore`` (``app.db.repositories.EventRepo``); ``RunPublisher``
+(``app.streaming.publisher``) feeds it a run's events and checkpoints, in order, in batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.streaming.bus import StoredEvent
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """One checkpoint of a run as it is stored (RUNS.md R-01), with ``after``, the id of the last
+    event published before it: the events it covers."""
+
+    run_id: str
+    attempt: int
+    seq: int
+    data: str
+    after: str | None = None
+    follow_ups_through: int | None = None
+    """The run took the conversation's follow-ups up to this id: stored with the checkpoint, they
+    are deleted from its queue."""
+
+
+class EventStore(Protocol):
+    async def save(
+        self,
+        conversation_id: str,
+        events: Sequence[StoredEvent],
+        checkpoints: Sequence[CheckpointRecord] = (),
+    ) -> None:
+        """Store events and checkpoints in one transaction; what is already stored is skipped, so
+        a retried batch is harmless."""
+        ...
+
+
+class PublisherClosedError(Exception):
+    """``publish()`` after ``close()``."""
+
+
+class EventPersistError(Exception):
+    """The database kept refusing the run's events for longer than ``store_retry_s``."""
