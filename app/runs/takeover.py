@@ -172,7 +172,13 @@ class Takeover:
         if not self.accepting():
             return 0
         taken = 0
-        for run in await self.runs.claimable(self.worker_id, local_prefix=self._local_prefix):
+        # Workers of this host whose process is gone: their runs need not wait for their leases.
+        gone = [
+            worker
+            for worker in await self.runs.holders(self._local_prefix)
+            if worker != self.worker_id and local_process_gone(worker)
+        ]
+        for run in await self.runs.claimable(self.worker_id, held_by=gone):
             if not self.accepting():
                 break
             if run.id not in self.active and await self.take_over(run):

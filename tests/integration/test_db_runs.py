@@ -226,8 +226,10 @@ async def test_claimable_lists_running_runs_whose_lease_ran_out_or_that_were_rel
     assert [r.id for r in await runs.claimable("other", now=later)] == [short.id, long.id, mine.id]
     assert await runs.release(long.id, long.attempt, "w1")
     assert [r.id for r in await runs.claimable("me", now=now)] == [long.id]
-    # Workers of this host are listed whatever their lease (the caller asks the process table).
-    assert [r.id for r in await runs.claimable("me", local_prefix="w", now=now)] == [short.id, long.id]
+    # Runs of workers the caller knows are gone are listed whatever their lease.
+    assert [r.id for r in await runs.claimable("me", held_by=["w1"], now=now)] == [short.id, long.id]
+    assert await runs.holders("w") == ["w1"]
+    assert sorted(await runs.holders("")) == ["me", "w1"]
 
 
 async def test_renew_leases_extends_only_the_workers_running_runs(database: Database, runs: RunRepo) -> None:

@@ -24,7 +24,8 @@ import pytest
 from app.main import create_app
 from app.settings import Settings
 from app.tools.mcp import MCPConfigError
-from tests.support.fake_openai import FakeOpenAIServer, ToolAgentBehaviour
+from tests.support.fake_agents import ToolAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.server import ROOT, ServerThread, free_port, wait_until
 
 pytestmark = pytest.mark.slow

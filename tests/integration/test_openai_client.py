@@ -28,14 +28,8 @@ from app.llm.base import (
     TokenUsage,
 )
 from app.llm.openai_client import BACKOFF_BASE_S, RETRY_AFTER_MAX_S, OpenAICompatibleLLM
-from tests.support.fake_openai import (
-    EchoAgentBehaviour,
-    FakeOpenAIServer,
-    FakeReply,
-    ToolAgentBehaviour,
-    answer_tokens,
-    iter_stream_text,
-)
+from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour, answer_tokens, iter_stream_text
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 QUESTION = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi")]

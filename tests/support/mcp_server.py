@@ -62,9 +62,7 @@ def build_server() -> MCPServer:
     async def send(to: str, ctx: Context) -> str:
         return await _journaled("send", to, ctx)
 
-    @server.tool(
-        description="Look a key up (reads only).", annotations=ToolAnnotations(readOnlyHint=True)
-    )
+    @server.tool(description="Look a key up (reads only).", annotations=ToolAnnotations(readOnlyHint=True))
     async def lookup(key: str, ctx: Context) -> str:
         return await _journaled("lookup", key, ctx)
 

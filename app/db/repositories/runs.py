@@ -246,21 +246,30 @@ class RunRepo:
             )
 
     async def claimable(
-        self, worker_id: str, *, local_prefix: str | None = None, now: datetime | None = None
+        self, worker_id: str, *, held_by: Sequence[str] = (), now: datetime | None = None
     ) -> list[RunRecord]:
         """Running runs that no live worker may hold, oldest first: released by their worker (none
-        holds them), or their lease ran out (before ``now``). With ``local_prefix``, also the runs
-        held by workers whose ids start with it (this host's: the caller can tell whether their
-        process lives). Never ``worker_id``'s own."""
+        holds them), their lease ran out (before ``now``), or held by one of ``held_by`` (workers
+        the caller knows are gone). Never ``worker_id``'s own."""
         now = now if now is not None else utcnow()
         free = or_(Run.worker_id.is_(None), Run.lease_expires_at < now)
-        if local_prefix is not None:
-            free = or_(free, Run.worker_id.startswith(local_prefix, autoescape=True))
+        if held_by:
+            free = or_(free, Run.worker_id.in_(list(held_by)))
         return await self._all(
             select(Run)
             .where(Run.status == "running", free, or_(Run.worker_id.is_(None), Run.worker_id != worker_id))
             .order_by(Run.created_at)
         )
+
+    async def holders(self, prefix: str) -> list[str]:
+        """The workers whose ids start with ``prefix`` (this host's) that hold running runs."""
+        async with self._sessionmaker() as session:
+            rows = await session.scalars(
+                select(Run.worker_id)
+                .where(Run.status == "running", Run.worker_id.startswith(prefix, autoescape=True))
+                .distinct()
+            )
+            return [worker for worker in rows if worker is not None]
 
     async def claim(
         self,

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.service.workers_support import Api, SseEvent, answer_of, as_stored
-from tests.support.fake_openai import FakeReply, _forced_function, answer_tokens
+from tests.support.fake_agents import _forced_function, answer_tokens
+from tests.support.fake_openai import FakeReply
 from tests.support.server import ROOT, wait_until
 
 TOKENS = 40

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.integration.service.workers_support import service_settings
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.server import ServerThread
 
 _FIGURES: list[tuple[str, str]] = []

@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.server import ROOT, free_port, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -20,7 +20,8 @@ import pytest
 
 from app.tools.registry import Tool
 from tests.integration.service.conftest import Api, ServiceFactory
-from tests.support.fake_openai import FakeOpenAIServer, FakeReply, ToolAgentBehaviour
+from tests.support.fake_agents import ToolAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.sse import SseEvent, read_events
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,7 +16,8 @@ from tests.integration.service.conftest import (
     Service,
     ServiceFactory,
 )
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.sse import read_events
 
 # Every route under /api, with a body that would be valid for it.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 
 from tests.integration.service.conftest import Api, ServiceFactory
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.sse import SseEvent, read_events
 
 

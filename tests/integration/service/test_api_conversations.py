@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from tests.integration.service.conftest import Api, LogRecorder, ServiceFactory
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply, is_json_protocol_call
+from tests.support.fake_agents import EchoAgentBehaviour, is_json_protocol_call
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.server import wait_until
 
 

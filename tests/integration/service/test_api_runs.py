@@ -18,7 +18,8 @@ import pytest
 
 from app.tools.registry import Tool
 from tests.integration.service.conftest import Api, Service, ServiceFactory
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.services import REDIS_URL
 from tests.support.sse import SseEvent
 

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from tests.integration.service.conftest import ALICE_KEY, BOB_KEY, KEYS, Service, ServiceFactory
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.server import wait_until
 
 QUESTION = "What is 17*23?"

@@ -102,6 +102,12 @@ def test_a_run_left_by_a_dead_worker_is_carried_on_here_with_the_follow_ups_post
     contents = [m["content"] for m in api.http.get(f"/api/conversations/{conv}").json()["messages"]]
     for note in ("also this", "and that"):
         assert sum(note in str(content) for content in contents) == 1
+    metrics = api.http.get("/metrics").text
+    assert 'agentstream_runs_resumed_total{cause="lost"} 1.0' in metrics
+    assert "agentstream_run_attempts_total 1.0" in metrics  # this process ran one attempt: the 2nd
+    (written,) = [line for line in metrics.splitlines() if line.startswith("agentstream_checkpoints_total")]
+    assert float(written.split()[1]) >= 3  # a reply, its end of iteration, the loop's outcome
+    assert "agentstream_run_handovers_total 0.0" in metrics
 
 
 def test_a_run_whose_attempts_keep_dying_fails_naming_its_untaken_follow_ups_even_after_a_failed_close(

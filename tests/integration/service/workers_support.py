@@ -35,7 +35,8 @@ from app.db.session import Database
 from app.settings import Settings
 from app.streaming.bus import StoredEvent
 from tests.integration.conftest import run_in_own_loop
-from tests.support.fake_openai import EchoAgentBehaviour, FakeOpenAIServer, FakeReply
+from tests.support.fake_agents import EchoAgentBehaviour
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 from tests.support.server import ServerProcess, ServerThread, wait_until
 from tests.support.services import REDIS_URL
 from tests.support.sse import SseEvent, iter_sse
