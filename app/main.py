@@ -8,9 +8,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import secrets
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -37,6 +34,7 @@ from app.observability import Metrics, configure_logging
 from app.runs.follow_ups import DurableInterruptQueue, FollowUpHints, MemoryFollowUpHints
 from app.runs.instrumented import InstrumentedLLM
 from app.runs.manager import RunManager
+from app.runs.takeover import new_worker_id
 from app.settings import Settings
 from app.streaming.bus import EventBus
 from app.streaming.memory import MemoryEventBus
@@ -46,10 +44,6 @@ from app.tools.mcp import connect_mcp_tools
 log = logging.getLogger("app.main")
 
 WEB_DIR = Path(str(resources.files("app") / "web"))
-
-
-def _worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def _audit_logger() -> Any:
@@ -135,7 +129,7 @@ async def build_services(settings: Settings) -> Services:
         follow_ups=follow_ups,
         cancel_signal=cancel_signal,
         metrics=metrics,
-        worker_id=_worker_id(),
+        worker_id=new_worker_id(),
         hooks=hooks,
         leases=RunRepo(db.lease_sessionmaker),
         released_signal=released_signal,

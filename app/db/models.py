@@ -224,7 +224,12 @@ class FollowUp(Base):
     """
 
     __tablename__ = "follow_ups"
-    __table_args__ = (Index("ix_follow_ups_conversation_id_id", "conversation_id", "id"),)
+    # AUTOINCREMENT on SQLite: an id is never used again after the rows before it were deleted
+    # (a run's position says "taken up to here").
+    __table_args__ = (
+        Index("ix_follow_ups_conversation_id_id", "conversation_id", "id"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))

@@ -206,7 +206,8 @@ class ReActAgent:
             journal = Journal(checkpointer, state, restored=resume is not None)
             if resume is None:
                 journal.start(len(initial))
-            if selected is None and registry is not self._tools:
+            if selected is None and len(self._tools) > cfg.tool_selection_threshold:
+                # Selection ran (whatever it kept): a new attempt uses its choice, not a new one.
                 journal.checkpoint(usage, selected=registry.names())
 
         outcome = resume.loop_outcome() if resume is not None else None

@@ -376,7 +376,14 @@ class ToolLoop:
         if len(calls) == 1:
             outcomes = [await self._run_call(pending, calls[0])]
         else:
-            outcomes = list(await asyncio.gather(*(self._run_call(pending, c) for c in calls)))
+            try:
+                # A task group: if one call fails for good, the others stop too (no tool goes on
+                # running for a run that has ended).
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self._run_call(pending, c)) for c in calls]
+            except BaseExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+            outcomes = [task.result() for task in tasks]
         s = self.state
         # Results first, in the order of the calls, before any other message (E-06).
         for message in self.strategy.observation_messages(outcomes):
@@ -456,10 +463,15 @@ class ToolLoop:
             return CallOutcome(call, reason, reason, ran=False), ToolResult(content="", error=reason)
         if decision.args is not None:
             ctx = replace(ctx, tool_args=dict(decision.args))
-        if self.journal is not None and not self._repeatable(call):
-            # Stored before the tool starts: a new attempt must know that it may have run.
-            pending.started.add(call.call_id)
-            self._checkpoint()
+        keyed = ctx.tool is not None and ctx.tool.takes_invocation
+        if self.journal is not None and (keyed or not self._repeatable(call)):
+            if not self._repeatable(call):
+                # Stored before the tool starts: a new attempt must know that it may have run.
+                pending.started.add(call.call_id)
+                self._checkpoint()
+            # A call's idempotency key is handed out only once the reply that names the call is
+            # stored: a new attempt then carries on with that very call, and never gives the key
+            # to a different call of a reply it asked for again.
             await self.journal.durable()
         invocation = ToolInvocation(
             idempotency_key=ctx.idempotency_key,

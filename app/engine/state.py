@@ -379,6 +379,9 @@ class RunCheckpoint:
             return Usage()
         return Usage(*self.values[6:10])
 
+    def iterations(self) -> int:
+        return int(self.values[0]) if self.values is not None else 0
+
     def follow_up_position(self) -> int | None:
         return self.values[10] if self.values is not None else None
 

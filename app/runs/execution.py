@@ -47,7 +47,7 @@ from app.runs.follow_ups import DurableInterruptQueue
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent
 from app.streaming.publisher import RunPublisher
-from app.streaming.store import CheckpointRecord, EventPersistError
+from app.streaming.store import CheckpointRecord, EventPersistError, Fence
 from app.tools.registry import ToolRegistry
 
 log = logging.getLogger("app.runs")
@@ -114,8 +114,11 @@ class RunCheckpointer:
         self._metrics = metrics
         self._seq = first_seq
         self._taken = queue.position
+        self._values: list[Any] | None = None
+        """The scalars of the last checkpoint (``"v"``), to store the usage alone at a hand-over."""
 
     def record(self, delta: dict[str, Any]) -> None:
+        self._values = delta.get("v", self._values)
         data = orjson.dumps(delta, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
         record = CheckpointRecord(self._run_id, self._attempt, self._seq, data)
         if self._queue.position != self._taken:
@@ -127,7 +130,24 @@ class RunCheckpointer:
         self._metrics.checkpoints.inc()
 
     async def durable(self) -> None:
-        await self._publisher.flush_store()
+        await self._publisher.stored()
+
+    def record_usage(self, usage: Usage, values: list[Any] | None) -> None:
+        """A last checkpoint with the usage of every call made so far (R-06): calls whose replies
+        no checkpoint holds yet (the attempt stops mid-iteration) are made again, and counted."""
+        last = self._values if self._values is not None else values
+        if last is None:
+            return
+        now = [
+            *last[:6],
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+            usage.llm_calls,
+            *last[10:],
+        ]
+        if now != last:
+            self.record({"v": now})
 
 
 def agent_config(settings: Settings, conversation: ConversationRecord) -> AgentConfig:
@@ -164,6 +184,7 @@ class Executor:
         worker_id: str,
         released: Any,
         active: dict[str, ActiveRun],
+        cancel_local: Callable[[ActiveRun, CancelReason], None],
     ) -> None:
         self.settings = settings
         self.runs = runs
@@ -177,8 +198,18 @@ class Executor:
         self.worker_id = worker_id
         self.released = released
         self.active = active
+        self.cancel_local = cancel_local
 
-    def publisher(self, conversation_id: str, run_id: str, last_id: str | None) -> RunPublisher:
+    def publisher(
+        self,
+        conversation_id: str,
+        run_id: str,
+        last_id: str | None,
+        attempt: int,
+        on_lost: Callable[[], object] | None = None,
+    ) -> RunPublisher:
+        """The publisher of ``attempt`` of a run: what it stores counts only while that attempt
+        holds the run (``on_lost`` is told when it no longer does)."""
         return RunPublisher(
             self.bus,
             self.events,
@@ -189,6 +220,8 @@ class Executor:
             on_published=self._count_published,
             permanent_store_errors=(ConversationNotFoundError,),
             store_before_bus=self.settings.redis_url is None,
+            fence=Fence(run_id, attempt, self.worker_id, self.settings.run_lease_s),
+            on_lost=on_lost,
         )
 
     def _count_published(self, events: list[StoredEvent]) -> None:
@@ -228,7 +261,13 @@ class Executor:
     ) -> None:
         run_id_var.set(active.run_id)
         conversation_id_var.set(active.conversation_id)
-        publisher = self.publisher(active.conversation_id, active.run_id, last_id)
+        publisher = self.publisher(
+            active.conversation_id,
+            active.run_id,
+            last_id,
+            active.attempt,
+            on_lost=lambda: self.cancel_local(active, "lost"),
+        )
         engine_done: list[RunDone] = []
 
         async def sink(event: EngineEvent) -> None:
@@ -300,6 +339,7 @@ class Executor:
                 log.warning("run was taken over by another worker; stopped it here")
                 await publisher.discard()
             elif active.cancel_reason == "handover":
+                checkpointer.record_usage(active.usage, resume.state.values if resume is not None else None)
                 await self._hand_over(active, publisher)
             else:
                 await self._finish(active, publisher, queue, result, engine_done, status, error)

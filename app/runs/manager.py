@@ -99,6 +99,7 @@ class RunManager:
             worker_id=worker_id,
             released=self.released_signal,
             active=self._active,
+            cancel_local=self._cancel_local,
         )
         self.takeover = Takeover(
             settings=settings,
@@ -235,12 +236,13 @@ class RunManager:
         run = await self.runs.active(conversation.id)
         if run is None:
             raise NoActiveRunError("no run is active in this conversation")
+        # The row keeps the request first, for whichever worker holds the run next: this
+        # one may die before the run's close, or hold an attempt that lost the run.
+        await self.runs.request_cancel(run.id)
         local = self._active.get(run.id)
-        if local is not None:
+        if local is not None and local.attempt == run.attempt:
             self._cancel_local(local, "user")
             return run
-        # The row keeps the request for whichever worker holds the run next.
-        await self.runs.request_cancel(run.id)
         await self.cancel_signal.request(run.id)
         latest = await self.runs.get_any(run.id)
         if latest is not None and latest.status == "running" and latest.id not in self._active:

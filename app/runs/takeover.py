@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from app.runs.closing import (
 )
 from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues, Resume
 from app.settings import Settings
-from app.streaming.bus import EventBus, StoredEvent, later_cursor
+from app.streaming.bus import BusUnavailableError, EventBus, StoredEvent, later_cursor
 from app.streaming.store import EventPersistError
 
 log = logging.getLogger("app.runs")
@@ -45,12 +46,28 @@ CLAIM_INTERVAL_S = 2.0
 """Longest pause between two looks for runs to take over (a released run is announced at once)."""
 
 
+def local_host() -> str:
+    """This host as worker ids name it: its name and its process id namespace (containers that
+    share a host name, with network_mode host say, do not share their process ids)."""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "-"
+    return f"{socket.gethostname()}/{namespace}"
+
+
+def new_worker_id() -> str:
+    """``host:pid:token``: unique to this process, and telling a worker of the same host whether
+    the process still lives (``local_process_gone``)."""
+    return f"{local_host()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
 def local_process_gone(worker_id: str) -> bool:
     """Whether ``worker_id`` (``host:pid:token``) names a process of this host that no longer
     exists: its runs need not wait for their leases. False whenever that cannot be told."""
     host, _, rest = worker_id.partition(":")
     pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != local_host() or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid():
@@ -108,7 +125,9 @@ class Takeover:
         self.accepting = accepting
         self.cancel_local = cancel_local
         self._wake = asyncio.Event()
-        self._local_prefix = f"{socket.gethostname()}:"
+        self._local_prefix = f"{local_host()}:"
+        self._taking: set[str] = set()
+        """Runs being claimed right now (held here, not yet in ``active``)."""
 
     def wake(self) -> None:
         """Look for runs to take over now (a worker released one)."""
@@ -120,8 +139,7 @@ class Takeover:
         interval = max(self.settings.run_lease_s / 3, 0.05)
         while True:
             await asyncio.sleep(interval)
-            if self.active:
-                await self.heartbeat()
+            await self.heartbeat()
 
     async def heartbeat(self) -> None:
         # Only runs known before the query are judged by it: a run is added to ``active`` after
@@ -137,6 +155,13 @@ class Takeover:
                 "lease renewal failed", exc_info=not database_unreachable(exc), extra={"error": repr(exc)}
             )
             return
+        now = utcnow()
+        for orphan in ours.values():
+            expired = orphan.lease_expires_at is not None and orphan.lease_expires_at < now
+            if expired and orphan.id not in self.active and orphan.id not in self._taking:
+                # Held here by no attempt (a claim whose answer was lost, a close that gave up in
+                # an outage), so nobody renews its lease: let it go, for any worker to carry on.
+                await self._release_quietly(orphan)
         for run_id in checked:
             active = self.active.get(run_id)
             if active is None or active.finishing:
@@ -189,6 +214,21 @@ class Takeover:
         """Claim ``run`` (as read) if no live worker holds it, then carry it on from its last
         checkpoint, or close it if it was cancelled or its attempts keep dying. False if it is
         held, or another worker was first."""
+        self._taking.add(run.id)
+        try:
+            return await self._take_over(run, now)
+        finally:
+            self._taking.discard(run.id)
+
+    async def _release_quietly(self, run: RunRecord) -> None:
+        try:
+            if await self.runs.release(run.id, run.attempt, self.worker_id):
+                log.warning("released a run this worker held with no attempt", extra={"run_id": run.id})
+                await self.executor.released.request(run.id)
+        except Exception as exc:
+            log.warning("could not release a run", extra={"run_id": run.id, "error": repr(exc)})
+
+    async def _take_over(self, run: RunRecord, now: datetime | None) -> bool:
         released = run.worker_id is None
         expired = run.lease_expires_at is not None and run.lease_expires_at < (now or utcnow())
         holder_dead = not released and not expired and local_process_gone(run.worker_id or "")
@@ -256,6 +296,7 @@ class Takeover:
             attempt=run.attempt,
             started=time.monotonic() - max(0.0, time.time() - run.created_at.timestamp()),
             usage=state.usage(),
+            iterations=state.iterations(),
         )
         self.metrics.runs_resumed.labels("lost" if lost else "handover").inc()
         self.executor.launch(
@@ -278,7 +319,7 @@ class Takeover:
         await self._salvage_events(run)
         answer, iterations = progress(await self.events.for_run(run.id))
         publisher = self.executor.publisher(
-            run.conversation_id, run.id, await self.last_cursor(run.conversation_id)
+            run.conversation_id, run.id, await self.last_cursor(run.conversation_id), run.attempt
         )
         queue = self.interrupt_queue(run.conversation_id, state.follow_up_position())
         # Follow-ups the run never took are named in its done and stay in the conversation (stored
@@ -340,5 +381,6 @@ class Takeover:
                 if ours:
                     await self.events.save(run.conversation_id, ours)
                 after = batch[-1].id
-        except Exception:
-            log.warning("could not salvage the last attempt's events from the bus", exc_info=True)
+        except BusUnavailableError as exc:
+            # Redis is away (or came back empty): what it held is gone, nothing to salvage.
+            log.warning("could not read the last attempt's events from the bus", extra={"error": repr(exc)})

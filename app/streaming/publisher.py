@@ -29,7 +29,14 @@ from app.streaming.bus import (
     next_cursor,
     parse_cursor,
 )
-from app.streaming.store import CheckpointRecord, EventPersistError, EventStore, PublisherClosedError
+from app.streaming.store import (
+    AttemptLostError,
+    CheckpointRecord,
+    EventPersistError,
+    EventStore,
+    Fence,
+    PublisherClosedError,
+)
 
 log = logging.getLogger("app.streaming.publisher")
 
@@ -104,6 +111,8 @@ class RunPublisher:
         store_before_bus: bool = False,
         store_batch: int = 500,
         bus_batch: int = 1000,
+        fence: Fence | None = None,
+        on_lost: Callable[[], object] | None = None,
     ) -> None:
         self.conversation_id = conversation_id
         self.run_id = run_id
@@ -121,6 +130,9 @@ class RunPublisher:
         # a restarted service would show it a log without it (RUNS.md R-09, R-10). Batches still
         # form while a write is in flight.
         self._store_before_bus = store_before_bus
+        # The attempt whose events these are: the store keeps them only while it holds the run.
+        self._fence = fence
+        self._on_lost = on_lost
         self._store_interval_s = 0.0 if store_before_bus else max(0.0, store_interval_ms / 1000)
         self._store_batch = store_batch
         self._bus_batch = bus_batch
@@ -157,6 +169,8 @@ class RunPublisher:
         self._store_failing = False
         """The last save failed: with ``store_before_bus`` the bus does not wait for the store then
         (clients keep getting the run live through a database outage)."""
+        self._dropped = 0
+        """Batches given up after ``store_retry_s``."""
         self._bus_task: asyncio.Task[None] | None = None
         self._store_task: asyncio.Task[None] | None = None
 
@@ -243,7 +257,22 @@ class RunPublisher:
     async def flush_store(self) -> None:
         """Wait until everything published so far is in the store, whether or not the bus has it
         yet: what still waits for the bus (behind an append that hangs or is being retried
-        through an outage) is stored now and stays queued for the bus."""
+        through an outage) is stored now and stays queued for the bus. Raises the store's first
+        failure of the run, if any."""
+        await self._flush_store()
+        if self._store_error is not None:
+            raise self._store_error
+
+    async def stored(self) -> None:
+        """Wait until everything published and checkpointed so far is stored; raises only if some
+        of that was not (a checkpoint that must survive the worker was not kept), unlike
+        ``flush_store``, which also reports what an earlier outage cost."""
+        dropped = self._dropped
+        await self._flush_store()
+        if self._store_dead or self._dropped != dropped:
+            raise self._store_error or EventPersistError(f"events of run {self.run_id} were not stored")
+
+    async def _flush_store(self) -> None:
         if self._bus_task is None:
             return
         self._urgent = True
@@ -255,8 +284,6 @@ class RunPublisher:
                 break
             await self._store_caught_up()
         self._urgent = self._done_published
-        if self._store_error is not None:
-            raise self._store_error
 
     async def close(self) -> None:
         """Flush, stop the background tasks, and start the retention clock if ``done`` was sent."""
@@ -520,6 +547,23 @@ class RunPublisher:
                 await self._store_caught_up()  # as in _send_forever: done after everything else
         return more
 
+    async def _lost(self, exc: AttemptLostError) -> None:
+        """Another attempt holds the run now: nothing more of this one may reach the log or the
+        bus (the store refused this batch already). Stays parked, like a permanent store error."""
+        log.warning("this attempt lost its run; publishing stops", extra={**self._context, "error": str(exc)})
+        self._store_error = exc
+        self._store_dead = True
+        self._bus_given_up = True
+        self._pending.clear()
+        self._to_store.clear()
+        self._notify()
+        if self._on_lost is not None:
+            try:
+                self._on_lost()
+            except Exception:
+                log.warning("on_lost callback failed", exc_info=True)
+        await asyncio.Event().wait()
+
     async def _store_loop(self) -> None:
         try:
             await self._store_forever()
@@ -565,12 +609,16 @@ class RunPublisher:
         attempt = 0
         while True:
             try:
-                if checkpoints:
+                if self._fence is not None:
+                    await self._store.save(self.conversation_id, events, checkpoints, self._fence)
+                elif checkpoints:
                     await self._store.save(self.conversation_id, events, checkpoints)
                 else:
                     await self._store.save(self.conversation_id, events)
             except asyncio.CancelledError:
                 raise
+            except AttemptLostError as exc:
+                await self._lost(exc)
             except Exception as exc:
                 now = time.monotonic()
                 if first_failure is None:
@@ -604,6 +652,7 @@ class RunPublisher:
                         )
                     self._store_down = True
                     self._store_failing = True
+                    self._dropped += 1
                     del self._to_store[: len(batch)]
                     return
                 log.warning(

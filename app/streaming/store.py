@@ -28,15 +28,29 @@ class CheckpointRecord:
     are deleted from its queue."""
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Who writes: an attempt of a run, on a worker. The store keeps the write only while that
+    attempt still holds the run (and renews its lease with it): an attempt that lost the run to
+    another worker (it stalled past its lease) can add nothing more to its log or checkpoints."""
+
+    run_id: str
+    attempt: int
+    worker_id: str
+    lease_s: float
+
+
 class EventStore(Protocol):
     async def save(
         self,
         conversation_id: str,
         events: Sequence[StoredEvent],
         checkpoints: Sequence[CheckpointRecord] = (),
+        fence: Fence | None = None,
     ) -> None:
         """Store events and checkpoints in one transaction; what is already stored is skipped, so
-        a retried batch is harmless."""
+        a retried batch is harmless. With ``fence``, raises ``AttemptLostError`` (storing
+        nothing) if that attempt no longer holds the run."""
         ...
 
 
@@ -46,3 +60,7 @@ class PublisherClosedError(Exception):
 
 class EventPersistError(Exception):
     """The database kept refusing the run's events for longer than ``store_retry_s``."""
+
+
+class AttemptLostError(EventPersistError):
+    """The attempt that writes no longer holds its run: another worker carries it on."""

@@ -56,6 +56,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_follow_ups")),
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_follow_ups_conversation_id_id", "follow_ups", ["conversation_id", "id"])
 

@@ -10,10 +10,12 @@ import orjson
 import pytest
 
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.follow_ups import FollowUpRepo
 from app.db.repositories.runs import CheckpointRow
 from app.db.session import Database
 from app.llm.base import ChatMessage
-from app.streaming.store import CheckpointRecord
+from app.streaming.bus import StoredEvent
+from app.streaming.store import AttemptLostError, CheckpointRecord, Fence
 
 
 @pytest.fixture
@@ -152,3 +154,34 @@ async def test_history_before_is_what_the_run_started_with(
 
     assert [m.content for m in await runs.history_before(second)] == [m.content for m in history]
     assert [m.content for m in history] == ["one", "1"]
+
+
+async def test_an_attempt_that_lost_the_run_can_store_no_event_or_checkpoint_and_takes_no_follow_up(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    events = EventRepo(database.sessionmaker)
+    follow_ups = FollowUpRepo(database.sessionmaker)
+    run, _ = await runs.start(conv.id, "alice", "q", worker_id="w1", lease_s=-1, start_cursor="0-0")
+    for text in ("a", "b"):
+        await follow_ups.add(conv.id, text, limit=10)
+    first_id = (await follow_ups.after(conv.id, 0))[0].id
+    old = Fence(run.id, 1, "w1", 30)
+    await events.save(conv.id, [StoredEvent("5-0", "step", "{}", run.id)], [], old)
+    held = await runs.get_any(run.id)
+    assert held is not None and held.lease_expires_at is not None  # the save renewed the lease
+
+    claimed = await runs.claim(run, "w2", 30, lost=True, holder_dead=True, snapshot=keep_last)
+    assert claimed is not None
+    taken = CheckpointRecord(run.id, 1, 0, "{}", after="6-0", follow_ups_through=first_id)
+    with pytest.raises(AttemptLostError):
+        await events.save(conv.id, [StoredEvent("6-0", "step", "{}", run.id)], [taken], old)
+
+    assert [e.id for e in await events.for_run(run.id)] == ["5-0"]
+    assert await runs.checkpoints(run.id, 1) == []
+    assert [f.content for f in await follow_ups.after(conv.id, 0)] == ["a", "b"]
+    # The attempt that holds the run stores, and its checkpoint takes the follow-ups it records.
+    new = Fence(run.id, claimed.attempt, "w2", 30)
+    taken = CheckpointRecord(run.id, claimed.attempt, 1, "{}", after="7-0", follow_ups_through=first_id)
+    await events.save(conv.id, [StoredEvent("7-0", "step", "{}", run.id)], [taken], new)
+    assert [f.content for f in await follow_ups.after(conv.id, 0)] == ["b"]
+    assert await follow_ups.add(conv.id, "c", limit=2) == 2  # what was taken no longer counts

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError
-from app.db.models import RunEvent, utcnow
+from app.db.models import Run, RunEvent, utcnow
 from app.db.repositories.rows import (
     _EVENTS_AFTER,
     _LAST_EVENT_ID,
     _checkpoints,
+    _delete_follow_ups,
     _event_cursor,
     _event_record,
     _event_row,
@@ -25,7 +27,29 @@ from app.db.repositories.rows import (
     _insert_for,
 )
 from app.streaming.bus import StoredEvent
-from app.streaming.store import CheckpointRecord
+from app.streaming.store import AttemptLostError, CheckpointRecord, Fence
+
+
+async def _fence(session: AsyncSession, fenced: list[_PendingSave]) -> list[_PendingSave]:
+    """Renew the leases of the runs whose attempts write in ``fenced``; those whose attempt no
+    longer holds its run (claimed by another worker) are returned."""
+    if not fenced:
+        return []
+    held: set[tuple[str, int]] = set()
+    by_worker: dict[tuple[str, float], set[str]] = {}
+    for pending in fenced:
+        fence = pending.fence
+        assert fence is not None
+        by_worker.setdefault((fence.worker_id, fence.lease_s), set()).add(fence.run_id)
+    for (worker_id, lease_s), run_ids in by_worker.items():
+        result = await session.execute(
+            update(Run)
+            .where(Run.id.in_(sorted(run_ids)), Run.worker_id == worker_id, Run.status == "running")
+            .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+            .returning(Run.id, Run.attempt)
+        )
+        held.update((row.id, row.attempt) for row in result)
+    return [p for p in fenced if p.fence is not None and (p.fence.run_id, p.fence.attempt) not in held]
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -48,6 +72,7 @@ class _PendingSave:
     future: asyncio.Future[None]
     checkpoint_rows: list[dict[str, Any]] = field(default_factory=list)
     follow_ups_through: int | None = None
+    fence: Fence | None = None
 
 
 class EventRepo:
@@ -70,9 +95,14 @@ class EventRepo:
         conversation_id: str,
         events: Sequence[StoredEvent],
         checkpoints: Sequence[CheckpointRecord] = (),
+        fence: Fence | None = None,
     ) -> None:
         """Store ``events`` and the run ``checkpoints`` that came with them, in one transaction;
-        what is already stored is skipped, so a retry is harmless.
+        what is already stored is skipped, so a retry is harmless. The follow-ups a checkpoint
+        records as taken leave the conversation's queue in the same transaction.
+
+        With ``fence`` (an attempt of a run), they are stored only while that attempt holds the
+        run, whose lease they renew; otherwise ``AttemptLostError`` and nothing is kept.
 
         Returns once they are committed. Raises ``ConversationNotFoundError`` if the conversation
         is gone (deleted mid-run), or what the database raised for the transaction they were in.
@@ -98,7 +128,7 @@ class EventRepo:
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
         taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
         self._queue.append(
-            _PendingSave(conversation_id, rows, future, checkpoint_rows, max(taken) if taken else None)
+            _PendingSave(conversation_id, rows, future, checkpoint_rows, max(taken) if taken else None, fence)
         )
         writer = self._writer
         if writer is not None and writer.get_loop() is not loop:
@@ -134,15 +164,7 @@ class EventRepo:
 
     async def _write(self, batch: list[_PendingSave]) -> None:
         try:
-            await self._insert(
-                [row for pending in batch for row in pending.rows],
-                [row for pending in batch for row in pending.checkpoint_rows],
-                [
-                    (p.conversation_id, p.follow_ups_through)
-                    for p in batch
-                    if p.follow_ups_through is not None
-                ],
-            )
+            lost = await self._insert(batch)
         except IntegrityError:
             # Conflicts are skipped, so only the foreign key can fail: a conversation is gone.
             # Each on its own, to tell whose.
@@ -157,15 +179,25 @@ class EventRepo:
                 _settle(pending.future, exc)
             return
         for pending in batch:
-            _settle(pending.future, None)
+            if pending in lost:
+                fence = pending.fence
+                assert fence is not None
+                _settle(
+                    pending.future,
+                    AttemptLostError(f"attempt {fence.attempt} of {fence.run_id} lost the run"),
+                )
+            else:
+                _settle(pending.future, None)
 
-    async def _insert(
-        self,
-        rows: list[dict[str, Any]],
-        checkpoint_rows: list[dict[str, Any]],
-        follow_ups_taken: list[tuple[str, int]],
-    ) -> None:
+    async def _insert(self, batch: list[_PendingSave]) -> list[_PendingSave]:
+        """One transaction for ``batch``; the saves left out because their attempt lost its run."""
         async with self._sessionmaker.begin() as session:
+            # The fence first (a write: SQLite's lock, PostgreSQL's row locks, so that a claim of
+            # the run is either before it, and the save is left out, or after its commit).
+            lost = await _fence(session, [pending for pending in batch if pending.fence is not None])
+            kept = [pending for pending in batch if pending not in lost]
+            rows = [row for pending in kept for row in pending.rows]
+            checkpoint_rows = [row for pending in kept for row in pending.checkpoint_rows]
             if rows:
                 await _insert_events(session, rows)
             if checkpoint_rows:
@@ -173,6 +205,10 @@ class EventRepo:
                 await session.execute(
                     _insert_for(session)(_checkpoints).on_conflict_do_nothing(), checkpoint_rows
                 )
+            for pending in kept:
+                if pending.follow_ups_through is not None:
+                    await _delete_follow_ups(session, pending.conversation_id, pending.follow_ups_through)
+        return lost
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""

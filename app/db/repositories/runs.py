@@ -15,6 +15,7 @@ from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiv
 from app.db.models import RUN_STATUSES, Conversation, Message, Run, utcnow
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
+    _TOUCH_CONVERSATION,
     FINAL_STATUSES,
     RunRecord,
     _append_messages,
@@ -145,6 +146,13 @@ class RunRepo:
                     await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
                 if prior:
                     await _append_messages(session, conversation_id, None, prior)
+                else:
+                    # The conversation's row locked before its history is read: follow-ups moved
+                    # into it (FollowUpRepo.keep_if_no_run, under the same lock) are either in it
+                    # or still queued for this run.
+                    await session.execute(
+                        _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
+                    )
                 history = await _history(session, conversation_id)
                 await _append_messages(
                     session, conversation_id, row["id"], [ChatMessage(role="user", content=message)]
@@ -220,7 +228,9 @@ class RunRepo:
             if conversation_id is not None:
                 if done is not None and not closed and await _holds(session, conversation_id, done):
                     return True  # this very close, committed by an earlier attempt
-                if messages:
+                if messages and (closed or attempt is None):
+                    # An attempt that lost the run adds nothing to the conversation: the attempt
+                    # that holds it adds its own.
                     await _append_messages(session, conversation_id, run_id, messages)
                 if closed and follow_ups_through is not None:
                     await _delete_follow_ups(session, conversation_id, follow_ups_through)

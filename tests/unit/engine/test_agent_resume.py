@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -288,3 +289,32 @@ async def test_call_ids_and_keys_are_unique_within_a_run_when_the_provider_repea
     assert len(ids) == len(set(ids)) == 4
     answered = [m.tool_call_id for m in result.messages if m.role == "tool"]
     assert answered == ids, "each tool message answers the call id its assistant message names"
+
+
+async def test_a_keyed_call_runs_only_once_the_reply_that_names_it_is_stored() -> None:
+    """A new attempt asks the model again when the reply was not stored: the idempotency key of a
+    call of the old reply must not have been handed out (the new reply's call could get it)."""
+    store = Store()
+    durable_rows: list[int] = []
+    checked: list[bool] = []
+
+    async def durable() -> None:
+        durable_rows.append(len(store.rows))
+
+    store.durable = durable  # type: ignore[method-assign]
+    tools = Tools()
+    registry = tools.registry()
+
+    async def watched_add(a: int, b: int, invocation: ToolInvocation) -> str:
+        reply_row = max(i for i, row in enumerate(store.rows) if b'"p":{' in row)
+        checked.append(bool(durable_rows) and durable_rows[-1] > reply_row)
+        return str(a + b)
+
+    add = registry.get("add")
+    assert add is not None
+    registry = ToolRegistry.of([replace(add, func=watched_add), *(t for t in registry if t.name != "add")])
+    await ReActAgent(PlanningLLM(native=True), registry, AgentConfig(completion_check=False)).run(
+        "add things", sink=EventLog(), run_id="r", checkpointer=store
+    )
+
+    assert checked and all(checked), checked

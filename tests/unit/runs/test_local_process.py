@@ -7,12 +7,12 @@ import socket
 import subprocess
 import sys
 
-from app.runs.takeover import local_process_gone
+from app.runs.takeover import local_host, local_process_gone, new_worker_id
 from tests.support.server import wait_until
 
 
 def worker_id(pid: int, host: str | None = None) -> str:
-    return f"{host or socket.gethostname()}:{pid}:abc123"
+    return f"{host or local_host()}:{pid}:abc123"
 
 
 def test_a_live_process_of_this_host_is_not_gone_and_one_of_another_host_cannot_be_told() -> None:
@@ -20,6 +20,8 @@ def test_a_live_process_of_this_host_is_not_gone_and_one_of_another_host_cannot_
     try:
         assert not local_process_gone(worker_id(child.pid))
         assert not local_process_gone(worker_id(child.pid, host="another-host"))
+        # The same host name in another process id namespace (a container) cannot be told either.
+        assert not local_process_gone(worker_id(child.pid, host=f"{socket.gethostname()}/1"))
         assert not local_process_gone(worker_id(os.getpid()))  # this very process
         assert not local_process_gone("not a worker id")
     finally:
@@ -35,3 +37,9 @@ def test_a_dead_process_its_parent_has_not_reaped_yet_is_gone() -> None:
         wait_until(lambda: local_process_gone(worker_id(child.pid)), timeout=10, what="the child to exit")
     finally:
         child.wait()
+
+
+def test_a_worker_id_names_this_host_and_process() -> None:
+    host, pid, token = new_worker_id().split(":")
+    assert (host, pid) == (local_host(), str(os.getpid())) and len(token) == 6
+    assert host.startswith(socket.gethostname() + "/")
