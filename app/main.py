@@ -101,8 +101,10 @@ async def build_services(settings: Settings) -> Services:
 
     follow_ups = FollowUpRepo(db.sessionmaker)
 
-    def interrupts(conversation_id: str, position: int | None) -> DurableInterruptQueue:
-        return DurableInterruptQueue(follow_ups, hints, conversation_id, position=position)
+    def interrupts(
+        conversation_id: str, position: int | None = None, *, seen: object | None = None
+    ) -> DurableInterruptQueue:
+        return DurableInterruptQueue(follow_ups, hints, conversation_id, position=position, seen=seen)
 
     llm = InstrumentedLLM(build_llm(settings), metrics)
     registry = default_registry(notes=NoteRepo(db.sessionmaker))

@@ -33,11 +33,6 @@ CLOSE_ID_ATTEMPTS = 3
 """How many ids a run's done may try when another process stored an event under the one it took."""
 
 
-def follow_up_messages(contents: list[str]) -> list[ChatMessage]:
-    """Follow-ups no loop took in, kept as pinned user messages so the next run sees them."""
-    return [ChatMessage(role="user", content=c, pinned=True) for c in contents]
-
-
 async def close_row(
     runs: RunRepo,
     run_id: str,
@@ -86,11 +81,11 @@ async def while_unreachable(write: Callable[[], Awaitable[T]]) -> T:
             await asyncio.sleep(min(2.0, 0.05 * 2.0**attempt))
 
 
-async def take_rest_quietly(queue: DurableInterruptQueue) -> list[str]:
+async def drain_quietly(queue: DurableInterruptQueue) -> list[str]:
     """The follow-ups the run has not taken, or none while the database is unreachable: a run must
     still end with its done during an outage (they stay queued for the next run then)."""
     try:
-        return await queue.take_rest()
+        return await queue.drain()
     except Exception as exc:
         log.warning("could not drain the interrupt queue", extra={"error": repr(exc)})
         return []

@@ -16,12 +16,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
 from app.db.errors import ConversationNotFoundError
 from app.db.repositories import ConversationRecord, EventRepo, RunRepo
+from app.db.repositories.rows import follow_up_messages
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import (
     AnswerDelta,
@@ -39,8 +40,7 @@ from app.observability import Metrics, conversation_id_var, run_id_var
 from app.runs.closing import (
     close_row,
     close_with_done,
-    follow_up_messages,
-    take_rest_quietly,
+    drain_quietly,
     while_unreachable,
 )
 from app.runs.follow_ups import DurableInterruptQueue
@@ -56,8 +56,13 @@ CancelReason = Literal["user", "handover", "lost"]
 """Why an attempt's task was cancelled: by its user; by this worker's shutdown, which hands the
 run over; or because another attempt holds the run now (this worker stalled past its lease)."""
 
-InterruptQueues = Callable[[str, int | None], DurableInterruptQueue]
-"""A conversation's follow-up queue, as a run takes it from a position (None: from its start)."""
+class InterruptQueues(Protocol):
+    """A conversation's follow-up queue, as a run takes it from a position (None: from its start),
+    ``seen`` the hint before it started."""
+
+    def __call__(
+        self, conversation_id: str, position: int | None = None, *, seen: object | None = None
+    ) -> DurableInterruptQueue: ...
 
 RELEASE_RETRY_S = 5.0
 """How long a worker that stops tries to release a run; after that the lease runs out instead."""
@@ -235,13 +240,15 @@ class Executor:
         history: list[ChatMessage],
         last_id: str | None,
         resume: Resume | None = None,
+        seen: object | None = None,
     ) -> None:
-        """Execute ``active`` in a background task of its own."""
+        """Execute ``active`` in a background task of its own; ``seen``: the follow-up hint before
+        the run started."""
         self.active[active.run_id] = active
         self.metrics.active_runs.inc()
         self.metrics.attempts.inc()
         active.task = asyncio.create_task(
-            self._execute(active, conversation, question, history, last_id, resume),
+            self._execute(active, conversation, question, history, last_id, resume, seen),
             name=f"run-{active.run_id}",
         )
 
@@ -258,6 +265,7 @@ class Executor:
         history: list[ChatMessage],
         last_id: str | None,
         resume: Resume | None,
+        seen: object | None,
     ) -> None:
         run_id_var.set(active.run_id)
         conversation_id_var.set(active.conversation_id)
@@ -282,9 +290,10 @@ class Executor:
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
             await publisher.publish(event)
 
-        queue = self.interrupt_queue(
-            active.conversation_id, resume.state.follow_up_position() if resume is not None else None
-        )
+        if resume is not None:
+            queue = self.interrupt_queue(active.conversation_id, resume.state.follow_up_position())
+        else:
+            queue = self.interrupt_queue(active.conversation_id, seen=seen)
         agent = ReActAgent(
             self.llm,
             self._tools_for(conversation),
@@ -405,7 +414,7 @@ class Executor:
         # either taken here or, for the moment until the close commits, as before: at most one
         # transaction's window.
         pending = list(result.pending_injections) if result is not None else []
-        pending += await take_rest_quietly(queue)
+        pending += await drain_quietly(queue)
         new_messages: list[ChatMessage] = []
         if result is not None:
             new_messages = list(result.messages)

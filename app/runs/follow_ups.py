@@ -56,16 +56,19 @@ class DurableInterruptQueue:
         conversation_id: str,
         *,
         position: int | None = None,
+        seen: object | None = None,
         limit: int = MAX_QUEUED,
     ) -> None:
+        """``seen``: the hint as it was before the run started (whose start took what waited
+        then, RunRepo.start): until it moves, the run asks the database nothing."""
         self._repo = repo
         self._hints = hints
         self._conversation_id = conversation_id
         self._limit = limit
         self.position: int | None = position
         """The id of the last follow-up taken; None: none yet (the run takes every one there is)."""
-        self._seen: object | None = None
-        self._looked = False
+        self._seen: object | None = seen
+        self._looked = seen is not None
 
     async def put(self, content: str) -> int:
         try:
@@ -75,16 +78,13 @@ class DurableInterruptQueue:
         try:
             await self._hints.bump(self._conversation_id)
         except Exception as exc:
-            # Stored: the run still takes it, at the latest when it closes (it asks the database
-            # whenever the hint cannot be read, and once at its end).
+            # Stored: the run takes it when the hint moves again or cannot be read; else the next
+            # run of the conversation has it in its history (RunRepo.start).
             log.warning("could not announce a follow-up", extra={"error": repr(exc)})
         return queued
 
     async def drain(self) -> list[str]:
-        try:
-            version: object | None = await self._hints.version(self._conversation_id)
-        except Exception:
-            version = None  # cannot tell: ask the database
+        version = await self.version()  # None: cannot tell, so ask the database
         if self._looked and version is not None and version == self._seen:
             return []
         try:
@@ -96,10 +96,12 @@ class DurableInterruptQueue:
             log.warning("follow-ups unreachable; taken later", extra={"error": repr(exc)})
             return []
 
-    async def take_rest(self) -> list[str]:
-        """Everything after the position, asking the database whatever the hint says (the run's
-        last drain, before its close: a follow-up whose hint was lost is still taken)."""
-        return await self._take(None)
+    async def version(self) -> object | None:
+        """The conversation's hint now; None when it cannot be read."""
+        try:
+            return await self._hints.version(self._conversation_id)
+        except Exception:
+            return None
 
     async def _take(self, version: object | None) -> list[str]:
         rows = await self._repo.after(self._conversation_id, self.position or 0)

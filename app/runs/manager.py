@@ -182,6 +182,8 @@ class RunManager:
         bus_last: str | None = None
         with contextlib.suppress(Exception):
             bus_last = await self.bus.last_id(conv_id)
+        # Read before the start, which takes what waits then: a later follow-up moves the hint.
+        seen = await self.interrupt_queue(conv_id).version()
         try:
             # One transaction: the run, the earlier turns, the history they make, the question;
             # the start cursor is settled there too, after the previous run's stored done.
@@ -196,11 +198,12 @@ class RunManager:
             )
         except RunActiveError as exc:
             raise RunActiveConflict("a run is already active in this conversation") from exc
-        # The queue is not emptied here: what it holds was accepted (202) after the previous run
-        # took its last follow-ups (in the moment before its close, or while Redis was away for
-        # its drain) and was reported nowhere; this run takes it at its first step.
+        # What the queue held (accepted after the previous run took its last follow-ups, in the
+        # moment before its close) is in this run's history now (RunRepo.start).
         self.metrics.runs_started.inc()
-        self.executor.launch(ActiveRun(run.id, conv_id), conversation, message, history, run.start_cursor)
+        self.executor.launch(
+            ActiveRun(run.id, conv_id), conversation, message, history, run.start_cursor, seen=seen
+        )
         return run
 
     async def start_in_new_conversation(
@@ -257,7 +260,7 @@ class RunManager:
         run = await self.runs.active(conversation.id)
         if run is None:
             raise NoActiveRunError("no run is active in this conversation")
-        queue = self.interrupt_queue(conversation.id, None)
+        queue = self.interrupt_queue(conversation.id)
         try:
             queued = await queue.put(content)
         except InterruptQueueFullError as exc:

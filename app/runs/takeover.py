@@ -16,14 +16,16 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import Any
 
 import orjson
 
 from app.db.errors import database_unreachable
 from app.db.models import utcnow
 from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.rows import follow_up_messages
 from app.db.repositories.runs import CheckpointRow
 from app.engine.events import RunDone
 from app.engine.state import RunCheckpoint
@@ -31,9 +33,8 @@ from app.observability import Metrics
 from app.runs.closing import (
     close_row,
     close_with_done,
-    follow_up_messages,
+    drain_quietly,
     progress,
-    take_rest_quietly,
 )
 from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues, Resume
 from app.settings import Settings
@@ -89,6 +90,13 @@ def _zombie(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[:1] == ["Z"]
     except OSError:
         return False
+
+
+def _deltas(rows: list[CheckpointRow]) -> Iterator[dict[str, Any]]:
+    """The checkpoints the rows hold, in order (a row holds one, or a JSON list of a batch's)."""
+    for row in rows:
+        value = orjson.loads(row.data)
+        yield from value if isinstance(value, list) else [value]
 
 
 class Takeover:
@@ -237,7 +245,7 @@ class Takeover:
         restored: list[tuple[RunCheckpoint, str | None]] = []
 
         def snapshot(rows: list[CheckpointRow]) -> CheckpointRow | None:
-            state = RunCheckpoint.fold(orjson.loads(row.data) for row in rows)
+            state = RunCheckpoint.fold(_deltas(rows))
             after = rows[-1].after if rows else None
             restored.append((state, after))
             if state.empty:
@@ -324,7 +332,7 @@ class Takeover:
         queue = self.interrupt_queue(run.conversation_id, state.follow_up_position())
         # Follow-ups the run never took are named in its done and stay in the conversation (stored
         # with the close, which takes them off the queue).
-        pending = await take_rest_quietly(queue)
+        pending = await drain_quietly(queue)
         done = RunDone(
             answer=answer,
             iterations=iterations,

@@ -71,6 +71,17 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    """The checkpoints of one batch as one row: a JSON list of their deltas, under the last one's
+    place (a row a batch, whatever the number of safe points it covers)."""
+    if len(checkpoints) < 2:
+        return checkpoints
+    last = checkpoints[-1]
+    taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
+    data = "[" + ",".join(c.data for c in checkpoints) + "]"
+    return [replace(last, data=data, follow_ups_through=max(taken) if taken else None)]
+
+
 def _backoff(attempt: int, cap: float) -> float:
     return min(cap, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2)
 
@@ -604,7 +615,7 @@ class RunPublisher:
 
     async def _save(self, batch: list[StoredEvent | CheckpointRecord]) -> None:
         events = [item for item in batch if type(item) is StoredEvent]
-        checkpoints = [item for item in batch if type(item) is CheckpointRecord]
+        checkpoints = _merged([item for item in batch if type(item) is CheckpointRecord])
         first_failure: float | None = None
         attempt = 0
         while True:

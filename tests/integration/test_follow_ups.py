@@ -83,8 +83,16 @@ async def test_a_run_with_no_follow_ups_does_not_ask_the_database_at_every_drain
     await DurableInterruptQueue(repo, hints, conv.id).put("now")
     assert await run.drain() == ["now"]
     assert repo.reads == 2
-    assert await run.take_rest() == []  # the last drain asks whatever the hint says
-    assert repo.reads == 3
+
+
+async def test_a_new_run_that_saw_the_hint_before_it_started_asks_the_database_only_once_it_moves(
+    repo: CountingRepo, hints: FollowUpHints, conv: ConversationRecord
+) -> None:
+    seen = await hints.version(conv.id)
+    run = DurableInterruptQueue(repo, hints, conv.id, seen=seen)
+    assert await run.drain() == [] and repo.reads == 0
+    await DurableInterruptQueue(repo, hints, conv.id).put("then")
+    assert await run.drain() == ["then"] and repo.reads == 1
 
 
 async def test_concurrent_posts_and_drains_lose_and_repeat_nothing(
@@ -106,7 +114,7 @@ async def test_concurrent_posts_and_drains_lose_and_repeat_nothing(
         await poster.put(message)
     stop.set()
     await task
-    drained.extend(await run.take_rest())
+    drained.extend(await run.drain())
     assert drained == sent
 
 
@@ -185,3 +193,22 @@ async def test_follow_ups_left_when_no_run_is_running_go_to_the_conversation_onc
     messages = await ConversationRepo(database.sessionmaker).messages(conv.id)
     assert [(m.content, m.pinned) for m in messages if m.content == "late"] == [("late", True)]
     assert await DurableInterruptQueue(repo, hints, conv.id).drain() == []
+
+
+async def test_follow_ups_no_run_took_join_the_next_runs_history_before_its_question(
+    database: Database, repo: CountingRepo, hints: FollowUpHints, conv: ConversationRecord
+) -> None:
+    """Accepted in the moment the previous run closed (after its last drain): the next run starts
+    with them in its history, and its own queue holds only what comes after its start."""
+    await repo.add(conv.id, "late one", limit=10)
+    await repo.add(conv.id, "late two", limit=10)
+
+    run, history = await RunRepo(database.sessionmaker).start(
+        conv.id, "alice", "the question", worker_id="w", lease_s=30, start_cursor="0-0"
+    )
+
+    assert [(m.content, m.pinned) for m in history] == [("late one", True), ("late two", True)]
+    assert await repo.after(conv.id, 0) == []
+    messages = await ConversationRepo(database.sessionmaker).messages(conv.id)
+    assert [m.content for m in messages] == ["late one", "late two", "the question"]
+    assert messages[-1].run_id == run.id

@@ -15,8 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, FollowUpLimitError
 from app.db.models import Conversation, FollowUp, Run, utcnow
-from app.db.repositories.rows import _append_messages
-from app.llm.base import ChatMessage
+from app.db.repositories.rows import _append_messages, follow_up_messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +88,6 @@ class FollowUpRepo:
                 )
             )
             contents = [content for _, content in taken]
-            await _append_messages(
-                session,
-                conversation_id,
-                run_id,
-                [ChatMessage(role="user", content=c, pinned=True) for c in contents],
-            )
+            messages = follow_up_messages(contents)
+            await _append_messages(session, conversation_id, run_id, messages, locked=True)
             return contents

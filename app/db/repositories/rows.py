@@ -198,16 +198,23 @@ def _run_record(row: Any) -> RunRecord:
 
 
 async def _append_messages(
-    session: AsyncSession, conversation_id: str, run_id: str | None, messages: Sequence[ChatMessage]
+    session: AsyncSession,
+    conversation_id: str,
+    run_id: str | None,
+    messages: Sequence[ChatMessage],
+    *,
+    locked: bool = False,
 ) -> None:
     """Append ``messages`` after the conversation's last one and mark the conversation updated,
     inside the caller's transaction. Raises ``ConversationNotFoundError`` if the conversation is gone.
+    ``locked``: the caller has locked (touched) the conversation's row in this transaction.
     """
     now = utcnow()
-    # Lock the conversation row first, so that concurrent appends cannot take the same seq.
-    touched = await session.execute(_TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": now})
-    if not touched.rowcount:  # type: ignore[attr-defined]
-        raise ConversationNotFoundError(conversation_id)
+    if not locked:
+        # Lock the conversation row first, so that concurrent appends cannot take the same seq.
+        touched = await session.execute(_TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": now})
+        if not touched.rowcount:  # type: ignore[attr-defined]
+            raise ConversationNotFoundError(conversation_id)
     last = await session.scalar(_LAST_SEQ, {"b_conversation": conversation_id})
     first_seq = 0 if last is None else last + 1
     await session.execute(
@@ -257,6 +264,11 @@ async def _delete_follow_ups(session: AsyncSession, conversation_id: str, throug
     await session.execute(
         delete(FollowUp).where(FollowUp.conversation_id == conversation_id, FollowUp.id <= through)
     )
+
+
+def follow_up_messages(contents: Sequence[str]) -> list[ChatMessage]:
+    """Follow-ups no loop took in, kept as pinned user messages so the next run sees them."""
+    return [ChatMessage(role="user", content=c, pinned=True) for c in contents]
 
 
 def _insert_for(session: AsyncSession) -> Any:

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
-from sqlalchemy import bindparam, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
-from app.db.models import RUN_STATUSES, Conversation, Message, Run, utcnow
+from app.db.models import RUN_STATUSES, Conversation, FollowUp, Message, Run, utcnow
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     _TOUCH_CONVERSATION,
@@ -28,6 +28,7 @@ from app.db.repositories.rows import (
     _message_record,
     _run_record,
     _runs,
+    follow_up_messages,
     new_run_id,
 )
 from app.llm.base import ChatMessage
@@ -46,6 +47,11 @@ _LATEST_RUN = (
 )
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
 _FINISH_ATTEMPT = _FINISH_RUN.where(_runs.c.attempt == bindparam("b_attempt"))
+_TAKE_FOLLOW_UPS = (
+    delete(FollowUp)
+    .where(FollowUp.conversation_id == bindparam("b_conversation"))
+    .returning(FollowUp.id, FollowUp.content)
+)
 _CHECKPOINTS = (
     select(_checkpoints.c.seq, _checkpoints.c.after, _checkpoints.c.data)
     .where(_checkpoints.c.run_id == bindparam("b_run"), _checkpoints.c.attempt == bindparam("b_attempt"))
@@ -144,18 +150,27 @@ class RunRepo:
                 if cursor != start_cursor:
                     row["start_cursor"] = cursor
                     await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
-                if prior:
-                    await _append_messages(session, conversation_id, None, prior)
-                else:
-                    # The conversation's row locked before its history is read: follow-ups moved
-                    # into it (FollowUpRepo.keep_if_no_run, under the same lock) are either in it
-                    # or still queued for this run.
-                    await session.execute(
-                        _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
-                    )
+                # The conversation's row locked before its history is read (FollowUpRepo takes
+                # the same lock): follow-ups accepted after the previous run took its last ones,
+                # and kept nowhere since, join the history now, before the question, so that the
+                # run's queue holds only what comes after its start.
+                await session.execute(
+                    _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
+                )
+                late = await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id})
+                before = [
+                    *prior,
+                    *follow_up_messages([row.content for row in sorted(late, key=lambda r: r.id)]),
+                ]
+                if before:
+                    await _append_messages(session, conversation_id, None, before, locked=True)
                 history = await _history(session, conversation_id)
                 await _append_messages(
-                    session, conversation_id, row["id"], [ChatMessage(role="user", content=message)]
+                    session,
+                    conversation_id,
+                    row["id"],
+                    [ChatMessage(role="user", content=message)],
+                    locked=True,
                 )
         except IntegrityError:
             await self._explain_conflict(conversation_id)

@@ -310,8 +310,9 @@ def test_a_follow_up_accepted_while_a_run_closes_reaches_the_next_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The run has taken its last follow-ups and is closing; a follow-up posted now still finds it
-    running (202), too late for it and for its done: the next run of the conversation gets it."""
-    gated_llm.play(GatedAgent(tokens=5))
+    running (202), too late for it and for its done: the next run of the conversation gets it, in
+    its history (before its question), once."""
+    agent = gated_llm.play(GatedAgent(tokens=5))
     closing, release = hold_the_first_close(monkeypatch, committed=False)
     api = clients(start_service(redis=redis_bus).base_url)
     conv = api.create_conversation()
@@ -325,10 +326,15 @@ def test_a_follow_up_accepted_while_a_run_closes_reaches_the_next_run(
     assert api.wait_finished(first)["status"] == "completed"
     assert api.wait_stored(first)[-1]["data"]["pending_injections"] == []
 
+    asked_before = len(agent.requests)
     second = api.start_run(conv, "two")
     with api.stream(conv) as stream:
         events = stream.read(until=lambda e: e.event == "done")
 
-    injects = [e.data["content"] for e in events if e.event == "inject"]
-    assert len(injects) == 1 and "one more thing" in injects[0]
     assert events[-1].data["run_id"] == second
+    assert [e for e in events if e.event == "inject"] == []
+    second_asks = agent.requests[asked_before:]
+    contents = [str(m.get("content")) for m in second_asks[0]["messages"]]
+    assert "one more thing" in contents and contents.index("one more thing") < contents.index("two")
+    stored = [m["content"] for m in api.http.get(f"/api/conversations/{conv}").json()["messages"]]
+    assert stored.count("one more thing") == 1
