@@ -56,6 +56,7 @@ CancelReason = Literal["user", "handover", "lost"]
 """Why an attempt's task was cancelled: by its user; by this worker's shutdown, which hands the
 run over; or because another attempt holds the run now (this worker stalled past its lease)."""
 
+
 class InterruptQueues(Protocol):
     """A conversation's follow-up queue, as a run takes it from a position (None: from its start),
     ``seen`` the hint before it started."""
@@ -63,6 +64,7 @@ class InterruptQueues(Protocol):
     def __call__(
         self, conversation_id: str, position: int | None = None, *, seen: object | None = None
     ) -> DurableInterruptQueue: ...
+
 
 RELEASE_RETRY_S = 5.0
 """How long a worker that stops tries to release a run; after that the lease runs out instead."""

@@ -7,13 +7,17 @@ low load and batches grow with load. Consecutive answer deltas still waiting to 
 one delta whose content is their exact concatenation. A second background task persists the same
 events to the database in larger batches, retrying with backoff: the database is the durable
 record, the bus is the fast path.
+
+This module holds the bus side: ids, encoding, merging deltas, the send loop and its retries. The
+store side (the queue for the database, batched saves, their retries and failures, waiting until
+the store has caught up) is ``StoreWriter`` in ``app.streaming.store_writer``; the publisher owns
+one and hands it what it must store, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,13 +34,13 @@ from app.streaming.bus import (
     parse_cursor,
 )
 from app.streaming.store import (
-    AttemptLostError,
     CheckpointRecord,
     EventPersistError,
     EventStore,
     Fence,
     PublisherClosedError,
 )
+from app.streaming.store_writer import StoreWriter, backoff
 
 log = logging.getLogger("app.streaming.publisher")
 
@@ -64,26 +68,6 @@ class _PendingDelta:
         self.parts = [content]
         self.size = len(content)
         self.eager = eager
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
-    """The checkpoints of one batch as one row: a JSON list of their deltas, under the last one's
-    place (a row a batch, whatever the number of safe points it covers)."""
-    if len(checkpoints) < 2:
-        return checkpoints
-    last = checkpoints[-1]
-    taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
-    data = "[" + ",".join(c.data for c in checkpoints) + "]"
-    return [replace(last, data=data, follow_ups_through=max(taken) if taken else None)]
-
-
-def _backoff(attempt: int, cap: float) -> float:
-    return min(cap, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2)
 
 
 class RunPublisher:
@@ -128,39 +112,37 @@ class RunPublisher:
         self.conversation_id = conversation_id
         self.run_id = run_id
         self._bus = bus
-        self._store = store
         self._last_id = last_id
         self._clock_ms = clock_ms
         self._coalesce_s = max(0.0, coalesce_ms / 1000)
         self._on_published = on_published
         self._retention_s = retention_s
         self._bus_retry_s = bus_retry_s
-        self._store_retry_s = store_retry_s
-        self._permanent_store_errors = permanent_store_errors
         # An in-process bus dies with the process: what a client saw must be stored already, or
         # a restarted service would show it a log without it (RUNS.md R-09, R-10). Batches still
         # form while a write is in flight.
         self._store_before_bus = store_before_bus
-        # The attempt whose events these are: the store keeps them only while it holds the run.
-        self._fence = fence
         self._on_lost = on_lost
-        self._store_interval_s = 0.0 if store_before_bus else max(0.0, store_interval_ms / 1000)
-        self._store_batch = store_batch
         self._bus_batch = bus_batch
+        self._writer = StoreWriter(
+            store,
+            conversation_id,
+            run_id,
+            fence=fence,
+            retry_s=store_retry_s,
+            permanent_errors=permanent_store_errors,
+            interval_s=0.0 if store_before_bus else max(0.0, store_interval_ms / 1000),
+            batch=store_batch,
+            urgent=lambda: self._urgent,
+            on_progress=self._notify,
+            on_lost=self._lost,
+        )
 
         self._pending: list[StoredEvent | _PendingDelta] = []
         self._pending_since = 0.0
         self._sending = False
-        self._to_store: list[StoredEvent | CheckpointRecord] = []
-        self._stored_ahead: set[str] = set()
-        """Ids of events stored before the bus loop took them (``publish_stored``, ``flush_store``)."""
-        self._saving = False
-        self._stored_any = False
         self._bus_wake = asyncio.Event()
-        self._store_wake = asyncio.Event()
-        self._store_timer: asyncio.Future[None] | None = None
         self._flush_waiters: list[asyncio.Future[None]] = []
-        self._store_waiters: list[asyncio.Future[None]] = []
         self._last_delta_at = 0.0
         self._urgent = False
         self._closing = False
@@ -171,19 +153,7 @@ class RunPublisher:
         self._bus_down = False
         """The last batch was left to the store after the bus failed for ``bus_retry_s``: the next
         ones get one attempt each until one succeeds."""
-        self._store_error: EventPersistError | None = None
-        """The first failure to store (events missing from the log); flush()/close() raise it."""
-        self._store_dead = False
-        """The store loop stopped for good (it crashed, or the store refuses this run's events)."""
-        self._store_down = False
-        """The last batch was dropped after ``store_retry_s``: the next ones get one attempt each."""
-        self._store_failing = False
-        """The last save failed: with ``store_before_bus`` the bus does not wait for the store then
-        (clients keep getting the run live through a database outage)."""
-        self._dropped = 0
-        """Batches given up after ``store_retry_s``."""
         self._bus_task: asyncio.Task[None] | None = None
-        self._store_task: asyncio.Task[None] | None = None
 
     # ---- the engine's side -----------------------------------------------------------------
 
@@ -227,7 +197,7 @@ class RunPublisher:
             raise PublisherClosedError(f"publisher of run {self.run_id} is closed")
         if self._bus_task is None:
             self._start()
-        self._stored_ahead.add(stored.id)
+        self._writer.stored_elsewhere(stored.id)
         self._queue_event(stored)
 
     def checkpoint(self, record: CheckpointRecord) -> None:
@@ -239,14 +209,13 @@ class RunPublisher:
         if self._bus_task is None:
             self._start()
         self._store_pending_now()
-        self._to_store.append(replace(record, after=self._last_id))
-        self._store_wake.set()
+        self._writer.queue(replace(record, after=self._last_id))
 
     def _queue_event(self, stored: StoredEvent) -> None:
         if stored.is_done:
             self._done_published = True
             self._urgent = True
-            self._end_store_wait()
+            self._writer.hurry()
         self._queue(stored)
 
     async def flush(self) -> None:
@@ -254,16 +223,16 @@ class RunPublisher:
         if self._bus_task is None:
             return
         self._urgent = True
-        self._end_store_wait()
+        self._writer.hurry()
         self._bus_wake.set()
-        self._store_wake.set()
+        self._writer.wake()
         if not self._flushed():
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._flush_waiters.append(waiter)
             await waiter
         self._urgent = self._done_published
-        if self._store_error is not None:
-            raise self._store_error
+        if self._writer.error is not None:
+            raise self._writer.error
 
     async def flush_store(self) -> None:
         """Wait until everything published so far is in the store, whether or not the bus has it
@@ -271,29 +240,29 @@ class RunPublisher:
         through an outage) is stored now and stays queued for the bus. Raises the store's first
         failure of the run, if any."""
         await self._flush_store()
-        if self._store_error is not None:
-            raise self._store_error
+        if self._writer.error is not None:
+            raise self._writer.error
 
     async def stored(self) -> None:
         """Wait until everything published and checkpointed so far is stored; raises only if some
         of that was not (a checkpoint that must survive the worker was not kept), unlike
         ``flush_store``, which also reports what an earlier outage cost."""
-        dropped = self._dropped
+        dropped = self._writer.dropped
         await self._flush_store()
-        if self._store_dead or self._dropped != dropped:
-            raise self._store_error or EventPersistError(f"events of run {self.run_id} were not stored")
+        if self._writer.dead or self._writer.dropped != dropped:
+            raise self._writer.error or EventPersistError(f"events of run {self.run_id} were not stored")
 
     async def _flush_store(self) -> None:
         if self._bus_task is None:
             return
         self._urgent = True
-        self._end_store_wait()
-        self._store_wake.set()
-        while not self._store_dead:
+        self._writer.hurry()
+        self._writer.wake()
+        while not self._writer.dead:
             self._store_pending_now()
-            if not self._to_store and not self._saving:
+            if self._writer.idle:
                 break
-            await self._store_caught_up()
+            await self._writer.caught_up()
         self._urgent = self._done_published
 
     async def close(self) -> None:
@@ -317,14 +286,14 @@ class RunPublisher:
         self._closing = True
         self._closed = True
         self._pending.clear()
-        self._to_store.clear()
+        self._writer.clear()
         await self._stop_tasks()
 
     async def _stop_tasks(self) -> None:
-        for task in (self._bus_task, self._store_task):
+        for task in (self._bus_task, self._writer.task):
             if task is not None:
                 task.cancel()
-        for task in (self._bus_task, self._store_task):
+        for task in (self._bus_task, self._writer.task):
             if task is not None:
                 try:
                     await task
@@ -345,7 +314,7 @@ class RunPublisher:
 
     def _start(self) -> None:
         self._bus_task = asyncio.create_task(self._send_loop(), name=f"publish-bus-{self.run_id}")
-        self._store_task = asyncio.create_task(self._store_loop(), name=f"publish-store-{self.run_id}")
+        self._writer.start()
 
     def _next_id(self) -> tuple[str, str | None]:
         """A new event's id, and the id before it (``StoredEvent.prev``)."""
@@ -379,23 +348,9 @@ class RunPublisher:
         content = delta.parts[0] if len(delta.parts) == 1 else "".join(delta.parts)
         return StoredEvent(delta.id, "answer", self._encode(AnswerDelta(content)), self.run_id, delta.prev)
 
-    def _to_store_later(self, batch: list[StoredEvent]) -> None:
-        ahead = self._stored_ahead
-        if ahead:
-            kept = []
-            for event in batch:
-                if event.id in ahead:
-                    ahead.discard(event.id)
-                else:
-                    kept.append(event)
-            batch = kept
-        if batch:
-            self._to_store.extend(batch)
-            self._store_wake.set()
-
     def _flushed(self) -> bool:
         bus_idle = (not self._pending and not self._sending) or self._bus_given_up
-        store_idle = (not self._to_store and not self._saving) or self._store_dead
+        store_idle = self._writer.idle or self._writer.dead
         return bus_idle and store_idle
 
     def _store_pending_now(self) -> None:
@@ -404,44 +359,26 @@ class RunPublisher:
         for index, item in enumerate(self._pending):
             event = self._delta_event(item) if isinstance(item, _PendingDelta) else item
             self._pending[index] = event
-            if event.id not in self._stored_ahead:
-                self._stored_ahead.add(event.id)
-                self._to_store.append(event)
-                self._store_wake.set()
+            self._writer.queue_ahead(event)
 
     def _notify(self) -> None:
-        if self._store_waiters and ((not self._to_store and not self._saving) or self._store_dead):
-            store_waiters, self._store_waiters = self._store_waiters, []
-            for waiter in store_waiters:
-                _resolve(waiter)
         if self._flush_waiters and self._flushed():
             waiters, self._flush_waiters = self._flush_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _store_caught_up(self) -> None:
-        """Wait until the store has saved everything queued for it (or has failed for good)."""
-        while (self._to_store or self._saving) and not self._store_dead:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._store_waiters.append(waiter)
-            await waiter
-
-    async def _stored_unless_failing(self) -> None:
-        """Wait until the store has saved everything queued for it, or is failing."""
-        while (self._to_store or self._saving) and not self._store_dead and not self._store_failing:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._store_waiters.append(waiter)
-            await waiter
-
-    def _wake_store_waiters(self) -> None:
-        waiters, self._store_waiters = self._store_waiters, []
-        for waiter in waiters:
-            _resolve(waiter)
-
-    def _end_store_wait(self) -> None:
-        if self._store_timer is not None and not self._store_timer.done():
-            self._store_timer.set_result(None)
+    def _lost(self) -> None:
+        """The attempt lost its run (the writer stopped storing): nothing more of it may reach the
+        bus either."""
+        self._bus_given_up = True
+        self._pending.clear()
+        self._notify()
+        if self._on_lost is not None:
+            try:
+                self._on_lost()
+            except Exception:
+                log.warning("on_lost callback failed", exc_info=True)
 
     async def _send_loop(self) -> None:
         try:
@@ -469,14 +406,14 @@ class RunPublisher:
                     await asyncio.sleep(wait)
             self._sending = True
             batch = self._take()
-            if not self._store_dead:
-                self._to_store_later(batch)
+            if not self._writer.dead:
+                self._writer.queue_taken(batch)
                 if any(event.is_done for event in batch):
                     # A client that sees done may read the run's events from the database next
                     # (GET /api/runs/{id}/events): they must all be there by then.
-                    await self._store_caught_up()
+                    await self._writer.caught_up()
                 elif self._store_before_bus:
-                    await self._stored_unless_failing()
+                    await self._writer.caught_up_unless_failing()
             try:
                 if not self._bus_given_up:
                     await self._send(batch)
@@ -534,7 +471,7 @@ class RunPublisher:
                 # The run goes on meanwhile: what it published since is stored now (readers get
                 # it from the database while the bus is down) and joins this batch for the bus.
                 batch = batch + await self._take_during_outage()
-                await asyncio.sleep(_backoff(attempt, 1.0))
+                await asyncio.sleep(backoff(attempt, 1.0))
                 attempt += 1
                 continue
             if self._bus_down:
@@ -552,133 +489,8 @@ class RunPublisher:
         if not self._pending:
             return []
         more = self._take()
-        if not self._store_dead:
-            self._to_store_later(more)
+        if not self._writer.dead:
+            self._writer.queue_taken(more)
             if any(event.is_done for event in more):
-                await self._store_caught_up()  # as in _send_forever: done after everything else
+                await self._writer.caught_up()  # as in _send_forever: done after everything else
         return more
-
-    async def _lost(self, exc: AttemptLostError) -> None:
-        """Another attempt holds the run now: nothing more of this one may reach the log or the
-        bus (the store refused this batch already). Stays parked, like a permanent store error."""
-        log.warning("this attempt lost its run; publishing stops", extra={**self._context, "error": str(exc)})
-        self._store_error = exc
-        self._store_dead = True
-        self._bus_given_up = True
-        self._pending.clear()
-        self._to_store.clear()
-        self._notify()
-        if self._on_lost is not None:
-            try:
-                self._on_lost()
-            except Exception:
-                log.warning("on_lost callback failed", exc_info=True)
-        await asyncio.Event().wait()
-
-    async def _store_loop(self) -> None:
-        try:
-            await self._store_forever()
-        except Exception as exc:
-            log.exception("event persister crashed", extra=self._context)
-            self._store_error = EventPersistError(f"event persister of run {self.run_id} crashed: {exc!r}")
-            self._store_dead = True
-            self._saving = False
-            self._to_store.clear()
-            self._notify()
-
-    async def _store_forever(self) -> None:
-        while True:
-            if not self._to_store:
-                self._store_wake.clear()
-                await self._store_wake.wait()
-                continue
-            if self._store_interval_s and not self._urgent and self._stored_any:
-                # Let a larger batch build up: database writes cost far more than Redis appends.
-                # Not for the run's first events: a reader whose cursor the bus does not hold
-                # waits for the database to reach the bus's first event (app.streaming.resume).
-                # flush() and done end the wait early.
-                loop = asyncio.get_running_loop()
-                timer = self._store_timer = loop.create_future()
-                handle = loop.call_later(self._store_interval_s, _resolve, timer)
-                try:
-                    await timer
-                finally:
-                    handle.cancel()
-                    self._store_timer = None
-            self._saving = True
-            try:
-                await self._save(self._to_store[: self._store_batch])
-            finally:
-                self._saving = False
-                self._stored_any = True
-            self._notify()
-
-    async def _save(self, batch: list[StoredEvent | CheckpointRecord]) -> None:
-        events = [item for item in batch if type(item) is StoredEvent]
-        checkpoints = _merged([item for item in batch if type(item) is CheckpointRecord])
-        first_failure: float | None = None
-        attempt = 0
-        while True:
-            try:
-                if self._fence is not None:
-                    await self._store.save(self.conversation_id, events, checkpoints, self._fence)
-                elif checkpoints:
-                    await self._store.save(self.conversation_id, events, checkpoints)
-                else:
-                    await self._store.save(self.conversation_id, events)
-            except asyncio.CancelledError:
-                raise
-            except AttemptLostError as exc:
-                await self._lost(exc)
-            except Exception as exc:
-                now = time.monotonic()
-                if first_failure is None:
-                    first_failure = now
-                # A permanent error (the conversation was deleted) will not pass by retrying.
-                permanent = isinstance(exc, self._permanent_store_errors)
-                if permanent:
-                    self._store_error = EventPersistError(f"events of run {self.run_id} refused: {exc}")
-                    log.info(
-                        "event store refuses this run's events for good; they are not persisted",
-                        extra={**self._context, "error": str(exc)},
-                    )
-                    self._store_dead = True
-                    self._to_store.clear()
-                    self._notify()
-                    # Stay parked: flush() reports the error; nothing more can be saved.
-                    await asyncio.Event().wait()
-                if self._store_down or now - first_failure > self._store_retry_s:
-                    # Past the retry budget (or the store is known to be down): this batch is lost
-                    # to the log (its clients had it from the bus), and flush()/close() will say
-                    # so; the following batches get one attempt each until the store answers.
-                    if self._store_error is None:
-                        self._store_error = EventPersistError(
-                            f"could not store some events of run {self.run_id} "
-                            f"(tried for {self._store_retry_s:.0f}s): {exc}"
-                        )
-                    if not self._store_down:
-                        log.error(
-                            "event store unusable; events are not persisted until it answers",
-                            extra={**self._context, "error": str(exc)},
-                        )
-                    self._store_down = True
-                    self._store_failing = True
-                    self._dropped += 1
-                    del self._to_store[: len(batch)]
-                    return
-                log.warning(
-                    "event store save failed; retrying",
-                    extra={**self._context, "error": str(exc)},
-                )
-                if not self._store_failing:
-                    self._store_failing = True
-                    self._wake_store_waiters()
-                await asyncio.sleep(_backoff(attempt, 2.0))
-                attempt += 1
-                continue
-            self._store_failing = False
-            if self._store_down:
-                log.info("event store answers again", extra=self._context)
-                self._store_down = False
-            del self._to_store[: len(batch)]
-            return

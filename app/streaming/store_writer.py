@@ -1,0 +1,320 @@
+"""``StoreWriter``: the store side of a run's publisher (``app.streaming.publisher``).
+
+The publisher owns one. It queues the run's events and checkpoint records in the order the
+publisher hands them over, and a background task saves them to the ``EventStore`` in batches,
+retrying with backoff. The writer keeps track of how the store is doing (``error``, ``dead``,
+``down``, ``failing``, ``dropped``) and lets callers wait until it has caught up. It tells the
+publisher through ``on_progress`` each time it gets further or stops, so the publisher can wake
+whoever waits in ``flush()``. Through ``on_lost`` it says that the attempt lost its run, and the
+bus then gets nothing more either. The bus side (sending, merging deltas) stays in the publisher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from app.streaming.bus import StoredEvent
+from app.streaming.store import (
+    AttemptLostError,
+    CheckpointRecord,
+    EventPersistError,
+    EventStore,
+    Fence,
+)
+
+log = logging.getLogger("app.streaming.publisher")  # the publisher's log: both its halves write to it
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def backoff(attempt: int, cap: float) -> float:
+    """Jittered exponential backoff; the publisher's bus retries use it too."""
+    return min(cap, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2)
+
+
+def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    """The checkpoints of one batch as one row: a JSON list of their deltas, under the last one's
+    place (a row a batch, whatever the number of safe points it covers)."""
+    if len(checkpoints) < 2:
+        return checkpoints
+    last = checkpoints[-1]
+    taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
+    data = "[" + ",".join(c.data for c in checkpoints) + "]"
+    return [replace(last, data=data, follow_ups_through=max(taken) if taken else None)]
+
+
+class StoreWriter:
+    """Saves one run's events and checkpoints to ``store``, in order, in batches of up to
+    ``batch``. Apart from the run's first events and unless ``urgent()`` says otherwise, it waits
+    ``interval_s`` between batches so that they can grow.
+
+    A batch is retried for ``retry_s``, and an error of ``permanent_errors`` is not retried at
+    all. A batch still failing past ``retry_s`` is dropped and counted in ``dropped``, and later
+    batches get one attempt each until the store answers again. With ``fence``, a save that
+    raises ``AttemptLostError`` stops everything: the writer calls ``on_lost()`` and saves nothing
+    more.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        conversation_id: str,
+        run_id: str,
+        *,
+        fence: Fence | None,
+        retry_s: float,
+        permanent_errors: tuple[type[Exception], ...],
+        interval_s: float,
+        batch: int,
+        urgent: Callable[[], bool],
+        on_progress: Callable[[], object],
+        on_lost: Callable[[], object],
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.run_id = run_id
+        self._store = store
+        # The attempt whose events these are: the store keeps them only while it holds the run.
+        self._fence = fence
+        self._retry_s = retry_s
+        self._permanent_errors = permanent_errors
+        self._interval_s = interval_s
+        self._batch = batch
+        self._urgent = urgent
+        self._on_progress = on_progress
+        self._on_lost = on_lost
+
+        self._queued: list[StoredEvent | CheckpointRecord] = []
+        self._stored_ahead: set[str] = set()
+        """Ids of events stored before the bus loop took them (the publisher's ``publish_stored``,
+        ``flush_store``)."""
+        self._saving = False
+        self._stored_any = False
+        self._wake = asyncio.Event()
+        self._timer: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        self.error: EventPersistError | None = None
+        """The first failure to store (events missing from the log); flush()/close() raise it."""
+        self.dead = False
+        """The store loop stopped for good (it crashed, or the store refuses this run's events)."""
+        self.down = False
+        """The last batch was dropped after ``retry_s``: the next ones get one attempt each."""
+        self.failing = False
+        """The last save failed: with ``store_before_bus`` the bus does not wait for the store then
+        (clients keep getting the run live through a database outage)."""
+        self.dropped = 0
+        """Batches given up after ``retry_s``."""
+        self.task: asyncio.Task[None] | None = None
+
+    # ---- the publisher's side --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._store_loop(), name=f"publish-store-{self.run_id}")
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing being saved."""
+        return not self._queued and not self._saving
+
+    def queue(self, item: StoredEvent | CheckpointRecord) -> None:
+        """Queue ``item`` after everything queued so far."""
+        self._queued.append(item)
+        self._wake.set()
+
+    def queue_ahead(self, event: StoredEvent) -> None:
+        """Queue ``event`` now, before the bus loop takes it (``queue_taken`` then skips it)."""
+        if event.id not in self._stored_ahead:
+            self._stored_ahead.add(event.id)
+            self._queued.append(event)
+            self._wake.set()
+
+    def stored_elsewhere(self, event_id: str) -> None:
+        """The caller stored this event itself: ``queue_taken`` skips it."""
+        self._stored_ahead.add(event_id)
+
+    def queue_taken(self, batch: list[StoredEvent]) -> None:
+        """Queue a batch the bus loop took, but not the events in it that were stored ahead."""
+        ahead = self._stored_ahead
+        if ahead:
+            kept = []
+            for event in batch:
+                if event.id in ahead:
+                    ahead.discard(event.id)
+                else:
+                    kept.append(event)
+            batch = kept
+        if batch:
+            self._queued.extend(batch)
+            self._wake.set()
+
+    def clear(self) -> None:
+        """Forget everything queued."""
+        self._queued.clear()
+
+    def wake(self) -> None:
+        """Have the store loop look at its queue again."""
+        self._wake.set()
+
+    def hurry(self) -> None:
+        """End the wait for a larger batch, if the writer is in one."""
+        if self._timer is not None and not self._timer.done():
+            self._timer.set_result(None)
+
+    async def caught_up(self) -> None:
+        """Wait until the store has saved everything queued for it (or has failed for good)."""
+        while (self._queued or self._saving) and not self.dead:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    async def caught_up_unless_failing(self) -> None:
+        """Wait until the store has saved everything queued for it, or is failing."""
+        while (self._queued or self._saving) and not self.dead and not self.failing:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    # ---- internals -------------------------------------------------------------------------
+
+    @property
+    def _context(self) -> dict[str, str]:
+        return {"conversation_id": self.conversation_id, "run_id": self.run_id}
+
+    def _progressed(self) -> None:
+        """Wake whoever waits for the store to catch up, then tell the publisher."""
+        if self._waiters and (self.idle or self.dead):
+            self._wake_waiters()
+        self._on_progress()
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _resolve(waiter)
+
+    async def _lost(self, exc: AttemptLostError) -> None:
+        """Another attempt holds the run now: nothing more of this one may reach the log or the
+        bus (the store refused this batch already). Stays parked, like a permanent store error."""
+        log.warning("this attempt lost its run; publishing stops", extra={**self._context, "error": str(exc)})
+        self.error = exc
+        self.dead = True
+        self._queued.clear()
+        # Waiters first, then the publisher stops its bus side and tells the run (which may
+        # cancel the task that waits).
+        self._progressed()
+        self._on_lost()
+        await asyncio.Event().wait()
+
+    async def _store_loop(self) -> None:
+        try:
+            await self._store_forever()
+        except Exception as exc:
+            log.exception("event persister crashed", extra=self._context)
+            self.error = EventPersistError(f"event persister of run {self.run_id} crashed: {exc!r}")
+            self.dead = True
+            self._saving = False
+            self._queued.clear()
+            self._progressed()
+
+    async def _store_forever(self) -> None:
+        while True:
+            if not self._queued:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._interval_s and not self._urgent() and self._stored_any:
+                # Let a larger batch build up: database writes cost far more than Redis appends.
+                # Not for the run's first events: a reader whose cursor the bus does not hold
+                # waits for the database to reach the bus's first event (app.streaming.resume).
+                # flush() and done end the wait early.
+                loop = asyncio.get_running_loop()
+                timer = self._timer = loop.create_future()
+                handle = loop.call_later(self._interval_s, _resolve, timer)
+                try:
+                    await timer
+                finally:
+                    handle.cancel()
+                    self._timer = None
+            self._saving = True
+            try:
+                await self._save(self._queued[: self._batch])
+            finally:
+                self._saving = False
+                self._stored_any = True
+            self._progressed()
+
+    async def _save(self, batch: list[StoredEvent | CheckpointRecord]) -> None:
+        events = [item for item in batch if type(item) is StoredEvent]
+        checkpoints = _merged([item for item in batch if type(item) is CheckpointRecord])
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            try:
+                if self._fence is not None:
+                    await self._store.save(self.conversation_id, events, checkpoints, self._fence)
+                elif checkpoints:
+                    await self._store.save(self.conversation_id, events, checkpoints)
+                else:
+                    await self._store.save(self.conversation_id, events)
+            except asyncio.CancelledError:
+                raise
+            except AttemptLostError as exc:
+                await self._lost(exc)
+            except Exception as exc:
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = now
+                # A permanent error (the conversation was deleted) will not pass by retrying.
+                permanent = isinstance(exc, self._permanent_errors)
+                if permanent:
+                    self.error = EventPersistError(f"events of run {self.run_id} refused: {exc}")
+                    log.info(
+                        "event store refuses this run's events for good; they are not persisted",
+                        extra={**self._context, "error": str(exc)},
+                    )
+                    self.dead = True
+                    self._queued.clear()
+                    self._progressed()
+                    # Stay parked: flush() reports the error; nothing more can be saved.
+                    await asyncio.Event().wait()
+                if self.down or now - first_failure > self._retry_s:
+                    # Past the retry budget (or the store is known to be down): this batch is lost
+                    # to the log (its clients had it from the bus), and flush()/close() will say
+                    # so; the following batches get one attempt each until the store answers.
+                    if self.error is None:
+                        self.error = EventPersistError(
+                            f"could not store some events of run {self.run_id} "
+                            f"(tried for {self._retry_s:.0f}s): {exc}"
+                        )
+                    if not self.down:
+                        log.error(
+                            "event store unusable; events are not persisted until it answers",
+                            extra={**self._context, "error": str(exc)},
+                        )
+                    self.down = True
+                    self.failing = True
+                    self.dropped += 1
+                    del self._queued[: len(batch)]
+                    return
+                log.warning(
+                    "event store save failed; retrying",
+                    extra={**self._context, "error": str(exc)},
+                )
+                if not self.failing:
+                    self.failing = True
+                    self._wake_waiters()
+                await asyncio.sleep(backoff(attempt, 2.0))
+                attempt += 1
+                continue
+            self.failing = False
+            if self.down:
+                log.info("event store answers again", extra=self._context)
+                self.down = False
+            del self._queued[: len(batch)]
+            return
