@@ -30,7 +30,8 @@ def llm() -> Iterator[FakeLLM]:
         yield fake
 
 
-@pytest.mark.parametrize("point", ["llm", "tool", "synthesis"])
+# During a model call: tests/integration/service/test_workers_sqlite.py.
+@pytest.mark.parametrize("point", ["tool", "synthesis"])
 def test_a_killed_single_process_started_again_carries_its_run_on(
     point: str, llm: FakeLLM, sqlite_migrated_template: Path, tmp_path: Path, clients: Callable[..., Api]
 ) -> None:

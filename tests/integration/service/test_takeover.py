@@ -36,8 +36,10 @@ from tests.support.server import ServerThread, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
-LEASE_S = 2.0
+LEASE_S = 1.0
 """The lost run's lease: time enough to queue follow-ups before another worker may take it."""
+SERVICE_LEASE_S = 1.5
+"""The service's own: its claim loop looks every half second."""
 
 
 def leave_a_run_of_a_dead_worker(
@@ -81,7 +83,7 @@ def test_a_run_left_by_a_dead_worker_is_carried_on_here_with_the_follow_ups_post
     migrated_database_url: str,
 ) -> None:
     agent = gated_llm.play(GatedAgent(tokens=6))
-    api = clients(start_service(redis=redis_bus).base_url)
+    api = clients(start_service(redis=redis_bus, run_lease_s=SERVICE_LEASE_S).base_url)
     conv = api.create_conversation()
     run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv, "what was asked")
 
@@ -128,7 +130,7 @@ def test_a_run_whose_attempts_keep_dying_fails_naming_its_untaken_follow_ups_eve
 
     monkeypatch.setattr(RunRepo, "finish", finish_failing_once)
     # One attempt may die: this run's first worker died, so it is not carried on (R-07).
-    api = clients(start_service(redis=False, run_max_attempts=1).base_url)
+    api = clients(start_service(redis=False, run_max_attempts=1, run_lease_s=SERVICE_LEASE_S).base_url)
     conv = api.create_conversation()
     run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
 
@@ -268,7 +270,7 @@ def test_usage_adds_up_every_attempt(
 ) -> None:
     """R-06: what the lost attempt's calls cost (its checkpoint says so) and every call of the new one."""
     agent = gated_llm.play(GatedAgent(tokens=4))
-    api = clients(start_service(redis=False).base_url)
+    api = clients(start_service(redis=False, run_lease_s=SERVICE_LEASE_S).base_url)
     conv = api.create_conversation()
     run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
     leave_checkpoint(
@@ -299,7 +301,7 @@ def test_a_run_cancelled_while_no_worker_holds_it_ends_cancelled_when_it_is_take
     """R-11: its worker is gone and its lease still runs: the cancel is kept on the run, and the
     worker that takes it over closes it, with its done, instead of carrying it on."""
     agent = gated_llm.play(GatedAgent(tokens=4))
-    api = clients(start_service(redis=False).base_url)
+    api = clients(start_service(redis=False, run_lease_s=SERVICE_LEASE_S).base_url)
     conv = api.create_conversation()
     run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
 
