@@ -35,7 +35,9 @@ from typing import Any
 
 import orjson
 
-from tests.support.fake_openai import FakeOpenAIServer, FakeReply, _chunked, answer_tokens
+from tests.support.fake_agents import answer_tokens
+from tests.support.fake_openai import FakeOpenAIServer, FakeReply
+from tests.support.fake_replies import _chunked
 
 USAGE = (20, 10)
 SSE_HEAD = (

@@ -145,8 +145,15 @@ class Stack:
         env: dict[str, str] | None = None,
         db: str = "sqlite",
         profile: tuple[str, str] | None = None,
+        app_path: str | None = None,
     ) -> None:
         self.db = db
+        # The tree whose ``app`` package the workers import (default: this one, through the
+        # venv's editable install). bench/durable_bench.py points it at a worktree of an earlier
+        # commit, so that this very script measures both apps.
+        self.app_path = os.path.abspath(app_path) if app_path else None
+        self.app_file = ""
+        """``app.__file__`` as the workers import it (checked with their environment and cwd)."""
         # (py-spy, output): worker 0 runs under `py-spy record` for its whole life (attaching to a
         # running process is refused on some machines), stopped with SIGINT at the end.
         # Absolute: the worker runs in the temporary directory.
@@ -199,6 +206,19 @@ class Stack:
             "TOOL_RATE_LIMIT_PER_MINUTE": "1000000",
             **self.env_extra,
         }
+        if self.app_path:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.app_path, env.get("PYTHONPATH")]))
+        self.app_file = (
+            await asyncio.to_thread(
+                subprocess.run,
+                [PY, "-c", "import app; print(app.__file__)"],
+                cwd=self.tmp.name,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        ).stdout.strip()
         for i in range(self.n_workers):
             port = free_port()
             log = open(Path(self.tmp.name) / f"worker{i}.log", "wb")  # noqa: ASYNC230
@@ -387,11 +407,13 @@ async def scenario_http(args: argparse.Namespace) -> dict[str, Any]:
     stream_bytes: list[int] = []
     request_bytes: list[int] = []
     persisted_ok = 0
-    async with Stack(fake, db=args.db) as stack:
-        port = stack.workers[0][1]
+    worker_cpu_s = 0.0
+    async with Stack(fake, db=args.db, app_path=args.app_path) as stack:
+        port, pid = stack.workers[0][1], stack.pids[0]
         conn = Connection(HOST, port)
         deadline = time.monotonic() + args.max_seconds
         for i in range(args.warmup + args.runs):
+            cpu_before = cpu_seconds(pid)
             before_in, before_out = conn.bytes_in, conn.bytes_out
             t0 = time.perf_counter()
             conv_id = await new_conversation(conn)
@@ -413,6 +435,9 @@ async def scenario_http(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.02)
             if i < args.warmup:
                 continue
+            # The worker's CPU (all its threads: the SQLite driver's too) over the whole run: the
+            # requests, the run, its stream, storing it, and the persistence check above.
+            worker_cpu_s += cpu_seconds(pid) - cpu_before
             walls.append(t_done - t0)
             ttft.append(result.first_step_at - t_post)
             stream_bytes.append(result.bytes_in)
@@ -437,6 +462,8 @@ async def scenario_http(args: argparse.Namespace) -> dict[str, Any]:
         "persisted_ok": persisted_ok,
         "persisted_checked": args.warmup + n,
         "database": stack.database,
+        "worker_cpu_ms_per_run": 1000 * worker_cpu_s / n,
+        "app_file": stack.app_file,
     }
 
 
@@ -741,6 +768,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     h.add_argument("--k", type=int, default=5)
     h.add_argument("--tokens", type=int, default=200)
     h.add_argument("--max-seconds", type=float, default=120)
+    h.add_argument(
+        "--app-path",
+        default="",
+        help="import the workers' app package from this tree (a worktree of another commit)",
+    )
     lat = sub.add_parser("latency")
     lat.add_argument("--concurrency", type=int, nargs="+", default=[1, 10, 50, 100, 200])
     lat.add_argument("--runs-each", type=int, default=2)
