@@ -251,6 +251,8 @@ class RunPublisher:
         await self._flush_store()
         if self._writer.dead or self._writer.dropped != dropped:
             raise self._writer.error or EventPersistError(f"events of run {self.run_id} were not stored")
+        # Stored, and by the attempt that holds the run: a tool that must not run twice may start.
+        await self._writer.check_held()
 
     async def _flush_store(self) -> None:
         if self._bus_task is None:

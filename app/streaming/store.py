@@ -30,9 +30,10 @@ class CheckpointRecord:
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """Who writes: an attempt of a run, on a worker. The store keeps the write only while that
-    attempt still holds the run (and renews its lease with it): an attempt that lost the run to
-    another worker (it stalled past its lease) can add nothing more to its log or checkpoints."""
+    """Who writes: an attempt of a run, on a worker. Where it matters (taking follow-ups off the
+    queue; a checkpoint that a tool call must not start without) the store keeps a write only
+    while that attempt still holds the run, and renews its lease with it: an attempt that lost the
+    run to another worker (it stalled past its lease) cannot act for it any more."""
 
     run_id: str
     attempt: int
@@ -51,6 +52,10 @@ class EventStore(Protocol):
         """Store events and checkpoints in one transaction; what is already stored is skipped, so
         a retried batch is harmless. With ``fence``, raises ``AttemptLostError`` (storing
         nothing) if that attempt no longer holds the run."""
+        ...
+
+    async def holds_run(self, fence: Fence) -> bool:
+        """Whether that attempt still holds its run; renews its lease if so."""
         ...
 
 

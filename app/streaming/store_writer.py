@@ -201,6 +201,10 @@ class StoreWriter:
     async def _lost(self, exc: AttemptLostError) -> None:
         """Another attempt holds the run now: nothing more of this one may reach the log or the
         bus (the store refused this batch already). Stays parked, like a permanent store error."""
+        self._mark_lost(exc)
+        await asyncio.Event().wait()
+
+    def _mark_lost(self, exc: AttemptLostError) -> None:
         log.warning("this attempt lost its run; publishing stops", extra={**self._context, "error": str(exc)})
         self.error = exc
         self.dead = True
@@ -209,7 +213,15 @@ class StoreWriter:
         # cancel the task that waits).
         self._progressed()
         self._on_lost()
-        await asyncio.Event().wait()
+
+    async def check_held(self) -> None:
+        """Raise ``AttemptLostError`` (and stop, as when a save finds it) unless the attempt still
+        holds its run; renews its lease. Nothing to check without a fence."""
+        if self._fence is None or self.dead:
+            return
+        if not await self._store.holds_run(self._fence):
+            self._mark_lost(AttemptLostError(f"attempt {self._fence.attempt} of {self.run_id} lost the run"))
+            raise self.error  # type: ignore[misc]
 
     async def _store_loop(self) -> None:
         try:
@@ -256,7 +268,9 @@ class StoreWriter:
         attempt = 0
         while True:
             try:
-                if self._fence is not None:
+                if self._fence is not None and any(c.follow_ups_through is not None for c in checkpoints):
+                    # Taking follow-ups off the queue is for the attempt that holds the run only: a
+                    # stalled one must not delete what its successor is still to take.
                     await self._store.save(self.conversation_id, events, checkpoints, self._fence)
                 elif checkpoints:
                     await self._store.save(self.conversation_id, events, checkpoints)

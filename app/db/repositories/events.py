@@ -210,6 +210,21 @@ class EventRepo:
                     await _delete_follow_ups(session, pending.conversation_id, pending.follow_ups_through)
         return lost
 
+    async def holds_run(self, fence: Fence) -> bool:
+        """Whether ``fence``'s attempt still holds its run; renews its lease if so."""
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                update(Run)
+                .where(
+                    Run.id == fence.run_id,
+                    Run.attempt == fence.attempt,
+                    Run.worker_id == fence.worker_id,
+                    Run.status == "running",
+                )
+                .values(lease_expires_at=utcnow() + timedelta(seconds=fence.lease_s))
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""
         ms, seq = _event_cursor(after)

@@ -1,5 +1,6 @@
-"""RunPublisher for an attempt of a run (RUNS.md R-03, R-05): once the store says the attempt lost
-its run, nothing more of it goes anywhere; ``stored()`` vouches for what was checkpointed."""
+"""RunPublisher for an attempt of a run (RUNS.md R-03, R-05): ``stored()`` vouches that what was
+checkpointed is stored by the attempt that holds the run; once the store says the attempt lost its
+run, nothing more of it goes anywhere."""
 
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ class FencedStore:
         self.events += [e for e in events if e not in self.events]
         self.checkpoints += list(checkpoints)
 
+    async def holds_run(self, fence: Fence) -> bool:
+        self.fences.append(fence)
+        return not self.lost
+
 
 async def test_an_attempt_that_lost_its_run_stops_publishing_and_says_so() -> None:
     bus, store = ScriptedBus(), FencedStore()
@@ -51,7 +56,7 @@ async def test_an_attempt_that_lost_its_run_stops_publishing_and_says_so() -> No
     await pub.publish(ThinkingStarted(1))
     pub.checkpoint(CheckpointRecord(RUN, 1, 0, "{}"))
     await pub.stored()
-    assert store.fences and all(f == FENCE for f in store.fences)
+    assert store.fences[-1] == FENCE  # the barrier asked whether the attempt holds the run
     on_bus = len(await bus.read_after(CONV, "0-0"))
 
     store.lost = True
@@ -82,4 +87,15 @@ async def test_stored_vouches_for_what_was_checkpointed_since_even_after_an_earl
     with pytest.raises(EventPersistError):
         await pub.flush_store()  # the run's log still misses that first batch, and says so
     assert [c.seq for c in store.checkpoints] == [0]
+    await pub.discard()
+
+
+async def test_only_a_checkpoint_that_takes_follow_ups_is_fenced() -> None:
+    bus, store = ScriptedBus(), FencedStore()
+    pub = RunPublisher(bus, store, CONV, RUN, last_id=None, fence=FENCE)
+    pub.checkpoint(CheckpointRecord(RUN, 1, 0, "{}"))
+    await pub.flush_store()
+    pub.checkpoint(CheckpointRecord(RUN, 1, 1, "{}", follow_ups_through=7))
+    await pub.flush_store()
+    assert store.fences == [None, FENCE]
     await pub.discard()
