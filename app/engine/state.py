@@ -227,14 +227,13 @@ class Journal:
         self._pending: PendingReply | None = state.pending if restored else None
         self._results = len(state.pending.results) if restored and state.pending else 0
         self._started = len(state.pending.started) if restored and state.pending else 0
-        self._initial = 0
-        """How many messages the run began with (system prompt, history, question): a new attempt
-        rebuilds those itself, so the first checkpoint leaves them out."""
 
     def start(self, initial_messages: int) -> None:
         """The loop begins with ``initial_messages`` messages that need no recording."""
         self._messages_ref = self._state.messages
-        self._messages = self._initial = initial_messages
+        # A new attempt rebuilds the run's first messages (system prompt, history, question)
+        # itself: the checkpoints leave them out.
+        self._messages = initial_messages
 
     def checkpoint(self, usage: Usage, **extra: Any) -> None:
         """Record what changed, with ``extra`` (``outcome=``, ``selected=``) as given."""
