@@ -41,15 +41,6 @@ HANDOVER_WAIT_S = 10.0
 """How long shutdown waits for the runs it stopped to store their state and let go."""
 
 
-class CancelSignal:
-    """What the manager needs of a cross-process signal (memory or Redis): cancel a run, and
-    announce a released one."""
-
-    async def request(self, run_id: str) -> None: ...
-    async def listen(self, callback: Callable[[str], Any]) -> None: ...
-    async def close(self) -> None: ...
-
-
 class RunManager:
     def __init__(
         self,

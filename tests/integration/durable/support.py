@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.integration.service.workers_support import Api, SseEvent, answer_of, as_stored
+from tests.integration.service.workers_support import Api, SseEvent, Stream, answer_of, as_stored, thinking
 from tests.support.fake_agents import _forced_function, answer_tokens
 from tests.support.fake_openai import FakeReply
 from tests.support.server import ROOT, wait_until
@@ -156,6 +156,24 @@ def check_carried_on(
     usage = done.data["usage"]
     assert usage["llm_calls"] >= len(PLAN) + 2, usage  # every loop call and the synthesis, at least
     return run
+
+
+def send_hold(journal: Path) -> Path:
+    """The file that holds ``files__send`` while it exists (``tests.support.mcp_server``)."""
+    return journal.with_name(journal.name + ".hold.send")
+
+
+def read_until_reached(
+    stream: Stream, agent: PlanAgent, journal: Path, run_id: str, point: str
+) -> list[SseEvent]:
+    """The run's events, read from ``stream`` until the run is where the test kills it."""
+    received: list[SseEvent] = stream.read(until=thinking)
+
+    def stream_seen(until: Callable[[SseEvent], bool]) -> None:
+        received.extend(stream.read(until=until))
+
+    wait_reached(agent, journal, run_id, point, stream_seen)
+    return received
 
 
 def wait_reached(agent: PlanAgent, journal: Path, run_id: str, point: str, stream_seen: Any) -> None:

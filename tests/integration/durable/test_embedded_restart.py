@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.durable.support import PlanAgent, check_carried_on, mcp_servers, wait_reached
+from tests.integration.durable.support import (
+    PlanAgent,
+    check_carried_on,
+    mcp_servers,
+    read_until_reached,
+    send_hold,
+)
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
     FakeLLM,
@@ -45,7 +51,7 @@ def test_a_killed_single_process_started_again_carries_its_run_on(
         RUN_LEASE_S="30",  # the successor does not wait for it: the dead process was of this host
     )
     agent = llm.play(PlanAgent(hold=point))  # type: ignore[arg-type]
-    hold = journal.with_name(journal.name + ".hold.send")
+    hold = send_hold(journal)
     if point == "tool":
         hold.touch()
     first = ServerProcess(env).start(tmp_path / "first.log")
@@ -55,12 +61,7 @@ def test_a_killed_single_process_started_again_carries_its_run_on(
         conv = api.create_conversation(completion_check=False)
         run_id = api.start_run(conv, "work through the plan")
         with api.stream(conv) as stream:
-            received: list[SseEvent] = stream.read(until=thinking)
-
-            def stream_seen(until: Callable[[SseEvent], bool]) -> None:
-                received.extend(stream.read(until=until))
-
-            wait_reached(agent, journal, run_id, point, stream_seen)
+            received = read_until_reached(stream, agent, journal, run_id, point)
             first.kill()
         agent.release.set()
         hold.unlink(missing_ok=True)

@@ -24,7 +24,8 @@ from tests.integration.durable.support import (
     PlanAgent,
     check_carried_on,
     mcp_servers,
-    wait_reached,
+    read_until_reached,
+    send_hold,
 )
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
@@ -83,7 +84,7 @@ def test_a_run_whose_worker_is_killed_is_carried_on_and_completes(
 ) -> None:
     cluster, journal = stack
     agent = cluster.llm.play(PlanAgent(hold=point))  # type: ignore[arg-type]
-    hold = journal.with_name(journal.name + ".hold.send")
+    hold = send_hold(journal)
     if point == "tool":
         hold.touch()
     victim: ServerProcess = cluster.role(point)
@@ -92,12 +93,7 @@ def test_a_run_whose_worker_is_killed_is_carried_on_and_completes(
     try:
         run_id = v.start_run(conv, "work through the plan")
         with b.stream(conv) as stream:
-            received: list[SseEvent] = stream.read(until=thinking)
-
-            def stream_seen(until: Callable[[SseEvent], bool]) -> None:
-                received.extend(stream.read(until=until))
-
-            wait_reached(agent, journal, run_id, point, stream_seen)
+            received = read_until_reached(stream, agent, journal, run_id, point)
             victim.kill()
             agent.release.set()
             hold.unlink(missing_ok=True)
