@@ -1,9 +1,9 @@
 """The database work of one run's life with what the run writes, for either tree's ``app``.
 
-A child of ``bench/durable_bench.py checkpoints``, run as a script by path (never ``-m``) with
-``PYTHONPATH`` naming the tree to measure: the baseline's worktree or this one. So it imports
-nothing from ``bench`` (that package would come from the same tree) and finds out what the ``app``
-it got can do (checkpoints, the durable follow-up queue) by looking.
+A child of ``bench/durable_bench.py checkpoints`` (``bench/durable_cost.py``), run as a script by
+path (never ``-m``) with ``PYTHONPATH`` naming the tree to measure: the baseline's worktree or this
+one. So it imports nothing from ``bench`` (that package would come from the same tree) and finds
+out what the ``app`` it got can do (checkpoints, the durable follow-up queue) by looking.
 
 It records one real run first: ``ReActAgent`` against the fake LLM (``bench/fakellm.py --tool add``),
 collecting the engine's events, and, where the engine checkpoints, the deltas it hands its
