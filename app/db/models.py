@@ -40,11 +40,15 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-RUN_STATUSES = ("running", "completed", "failed", "cancelled")
+RUN_STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
+ACTIVE_STATUSES = ("queued", "running", "waiting")
+"""A conversation's active run is in one of these: at most one at a time."""
 
-# The same predicate for both dialects: it is what makes "one running run per conversation" a
+# The same predicate for both dialects: it is what makes "one active run per conversation" a
 # database guarantee rather than a check-then-insert race.
-RUNNING_PREDICATE = text("status = 'running'")
+ACTIVE_PREDICATE = text("status IN ('queued', 'running', 'waiting')")
+
+APPROVAL_STATUSES = ("pending", "approved", "denied", "expired", "cancelled")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -143,15 +147,15 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         CheckConstraint(
-            "status IN ('running', 'completed', 'failed', 'cancelled')",
+            "status IN ('queued', 'running', 'waiting', 'completed', 'failed', 'cancelled')",
             name="status",
         ),
         Index(
-            "ux_runs_one_running_per_conversation",
+            "ux_runs_one_active_per_conversation",
             "conversation_id",
             unique=True,
-            sqlite_where=RUNNING_PREDICATE,
-            postgresql_where=RUNNING_PREDICATE,
+            sqlite_where=ACTIVE_PREDICATE,
+            postgresql_where=ACTIVE_PREDICATE,
         ),
     )
 
@@ -259,3 +263,40 @@ class ToolEffect(Base):
     owner: Mapped[str] = mapped_column(String(200))
     result: Mapped[str] = mapped_column(StoredText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Approval(Base):
+    """A tool call that waits for a person's decision (RUNS.md A-01..A-06).
+
+    Its id is made from the run and the call (``app.runs.approvals.approval_id``), so a new
+    attempt that asks again for the same call finds the same row. ``tool_args`` are the arguments
+    the call asked for; ``decided_args`` the ones that run (edited by the person, or the same).
+    """
+
+    __tablename__ = "approvals"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('pending', 'approved', 'denied', 'expired', 'cancelled')",
+            name="status",
+        ),
+        Index("ix_approvals_owner_status_created_at", "owner", "status", "created_at"),
+        Index("ix_approvals_status_expires_at", "status", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    owner: Mapped[str] = mapped_column(String(200))
+    call_id: Mapped[str] = mapped_column(String(200))
+    tool_name: Mapped[str] = mapped_column(String(200))
+    tool_args: Mapped[dict[str, Any]]
+    iteration: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(StoredText)
+    decided_args: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    decided_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    decided_at: Mapped[datetime | None]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.engine.approvals import Approvals
 from app.engine.context import ContextGuard
 from app.engine.events import AnswerSignalled, EventSink, PhaseChanged, RunDone, Usage
 from app.engine.hooks import HookRegistry
@@ -22,7 +23,7 @@ from app.engine.loop import LoopSettings, LoopStrategy, ToolLoop
 from app.engine.loop_json import JsonStrategy
 from app.engine.loop_native import NativeStrategy
 from app.engine.selection import select_tools
-from app.engine.state import Checkpointer, Journal, LoopOutcome, LoopState, RunCheckpoint
+from app.engine.state import AwaitingCall, Checkpointer, Journal, LoopOutcome, LoopState, RunCheckpoint
 from app.engine.synthesis import synthesize
 from app.llm.base import LLM, ChatMessage
 from app.tools.registry import ToolRegistry
@@ -59,7 +60,7 @@ class AgentResult:
     iterations: int
     usage: Usage
     elapsed: float
-    status: Literal["completed", "failed"]
+    status: Literal["completed", "failed", "waiting"]
     error: str | None = None
     messages: list[ChatMessage] = field(default_factory=list)
     """The run's new messages, in order, to keep as history: the question, assistant tool-call
@@ -68,6 +69,9 @@ class AgentResult:
     pending_injections: list[str] = field(default_factory=list)
     """Interrupts that arrived after the loop had finished (E-25); the caller decides what to do."""
     tools_used: int = 0
+    awaiting: tuple[AwaitingCall, ...] = ()
+    """Status ``waiting``: the calls that wait for a person's decision (RUNS.md A-02). The run is
+    checkpointed and goes on, in a new attempt, once every decision is in; no ``done`` was sent."""
 
 
 class ReActAgent:
@@ -106,6 +110,7 @@ class ReActAgent:
         checkpointer: Checkpointer | None = None,
         resume: RunCheckpoint | None = None,
         elapsed_before: float = 0.0,
+        approvals: Approvals | None = None,
     ) -> AgentResult:
         """Run the loop and synthesis; ``usage``, when given, is added to as calls complete, so a
         caller that cancels the run still knows what the calls made so far cost.
@@ -113,7 +118,9 @@ class ReActAgent:
         With a ``checkpointer`` the run's progress is checkpointed at every safe point; ``resume``
         (the run's checkpoints, folded) carries on a run from where its last attempt left it, on
         the same ``question`` and ``history``. ``elapsed_before`` is the time the run took before
-        this attempt (its ``done`` reports the whole)."""
+        this attempt (its ``done`` reports the whole). ``approvals``: where calls that need a
+        person's approval get it; without, such calls do not run (the model is told why). A run
+        that waits for a decision returns status ``waiting`` and sends no ``done``."""
         started = time.monotonic() - elapsed_before
         usage = usage if usage is not None else Usage()
         kept: list[ChatMessage] = []
@@ -129,6 +136,7 @@ class ReActAgent:
                 started=started,
                 checkpointer=checkpointer,
                 resume=resume,
+                approvals=approvals,
             )
         except asyncio.CancelledError:
             raise
@@ -145,6 +153,8 @@ class ReActAgent:
                 messages=kept,
                 pending_injections=await _drain_quietly(interrupts, run_id),
             )
+        if result.status == "waiting":
+            return result
         try:
             await sink(
                 RunDone(
@@ -176,6 +186,7 @@ class ReActAgent:
         started: float,
         checkpointer: Checkpointer | None,
         resume: RunCheckpoint | None,
+        approvals: Approvals | None,
     ) -> AgentResult:
         cfg = self._config
         run_id = ids.run_id
@@ -231,11 +242,23 @@ class ReActAgent:
                 state=state,
                 interrupts=interrupts,
                 journal=journal,
+                approvals=approvals,
                 run_id=run_id,
                 conversation_id=ids.conversation_id,
                 owner=ids.owner,
             )
             outcome = await loop.run()
+            if outcome.awaiting:
+                return AgentResult(
+                    answer="",
+                    iterations=outcome.iterations,
+                    usage=usage,
+                    elapsed=time.monotonic() - started,
+                    status="waiting",
+                    messages=kept,
+                    tools_used=outcome.tools_used,
+                    awaiting=outcome.awaiting,
+                )
         if outcome.error is not None:
             return await self._finish(
                 outcome,

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-Channel = Literal["step", "answer", "compact", "phase", "inject", "done"]
+Channel = Literal["step", "answer", "compact", "phase", "inject", "approval", "done"]
 RunStatus = Literal["running", "completed", "failed", "cancelled"]
 
 
@@ -196,6 +196,52 @@ class Injected:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """A tool call waits for a person's decision (RUNS.md A-02)."""
+
+    approval_id: str
+    call_id: str
+    tool_name: str
+    tool_args: dict[str, Any]
+    iteration: int
+    expires_at: str
+    kind: Literal["approval_requested"] = "approval_requested"
+    channel: ClassVar[Channel] = "approval"
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "status": "requested",
+            "approval_id": self.approval_id,
+            "call_id": self.call_id,
+            "tool_name": self.tool_name,
+            "tool_args": self.tool_args,
+            "iteration": self.iteration,
+            "expires_at": self.expires_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecided:
+    """A person's decision on a call (or its expiry) taken in by the run (A-03, A-04)."""
+
+    approval_id: str
+    status: Literal["approved", "denied", "expired"]
+    reason: str | None
+    tool_args: dict[str, Any]
+    """The arguments that run (approved), or that would have."""
+    kind: Literal["approval_decided"] = "approval_decided"
+    channel: ClassVar[Channel] = "approval"
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "approval_id": self.approval_id,
+            "reason": self.reason,
+            "tool_args": self.tool_args,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class RunDone:
     """The last event of every run, whatever happened."""
 
@@ -234,6 +280,8 @@ EngineEvent = (
     | PhaseChanged
     | RunResumed
     | Injected
+    | ApprovalRequested
+    | ApprovalDecided
     | RunDone
 )
 

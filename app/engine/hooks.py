@@ -1,8 +1,9 @@
 """PreToolUse / PostToolUse hook points (E-17, E-18) and the hooks users ask for.
 
 Hooks run outside the LLM's control: the loop calls them around every tool execution, whatever the
-model says. A PreToolUse hook may block (the reason becomes the observation), rewrite the
-arguments, or cause side effects; a PostToolUse hook may rewrite the observation.
+model says. A PreToolUse hook may block (the reason becomes the observation), ask for a person's
+approval (RUNS.md A-01: the run waits for the decision), rewrite the arguments, or cause side
+effects; a PostToolUse hook may rewrite the observation.
 
 ``HookRegistry`` runs them in registration order. A hook that raises fails closed (the call is
 blocked, or its result replaced by an error): a policy that cannot be evaluated must not be skipped.
@@ -37,6 +38,8 @@ class ToolCallContext:
     idempotency_key: str = ""
     """``"<run_id>:<call_id>"``: the same for a call repeated by a new attempt of the run (R-05)."""
     owner: str = ""
+    approved: bool = False
+    """A person approved this call (A-03): a hook's ``ask`` is answered already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class PreToolDecision:
     reason: str | None = None
     args: Mapping[str, Any] | None = None
     """Replacement arguments, or None to keep them."""
+    ask: bool = False
+    """Allowed only once a person approves it (A-01); a block of another hook still wins."""
 
 
 class PreToolUseHook(Protocol):
@@ -62,6 +67,13 @@ class ToolBlockedHook(Protocol):
     """Optional: told when some PreToolUse hook blocked a call (so an audit can record it)."""
 
     async def tool_blocked(self, ctx: ToolCallContext, reason: str) -> None: ...
+
+
+@runtime_checkable
+class ToolAwaitingHook(Protocol):
+    """Optional: told when a call waits for a person's approval instead of running."""
+
+    async def tool_awaiting(self, ctx: ToolCallContext, reason: str) -> None: ...
 
 
 def _hook_name(hook: object) -> str:
@@ -94,9 +106,11 @@ class HookRegistry:
             raise TypeError(f"{_hook_name(hook)} implements neither pre_tool_use nor post_tool_use")
 
     async def run_pre(self, ctx: ToolCallContext) -> PreToolDecision:
-        """Run every PreToolUse hook; the first block wins, argument rewrites chain."""
+        """Run every PreToolUse hook; the first block wins, argument rewrites chain, and an ``ask``
+        of any hook (unless the call is approved already) makes the decision an ``ask``."""
         args = ctx.tool_args
         rewritten = False
+        ask: str | None = None
         for hook in self.pre:
             current = replace(ctx, tool_args=args) if rewritten else ctx
             try:
@@ -115,11 +129,16 @@ class HookRegistry:
                 continue
             if not decision.allow:
                 reason = decision.reason or f"Blocked by {_hook_name(hook)}."
-                await self._notify_blocked(current, reason)
+                await self._notify(ToolBlockedHook, "tool_blocked", current, reason)
                 return PreToolDecision(allow=False, reason=reason)
+            if decision.ask and not ctx.approved and ask is None:
+                ask = decision.reason or f"{_hook_name(hook)} asks for a person's approval."
             if decision.args is not None:
                 args = dict(decision.args)
                 rewritten = True
+        if ask is not None:
+            await self._notify(ToolAwaitingHook, "tool_awaiting", replace(ctx, tool_args=args), ask)
+            return PreToolDecision(allow=True, args=args if rewritten else None, ask=True, reason=ask)
         return PreToolDecision(allow=True, args=args if rewritten else None)
 
     async def run_post(self, ctx: ToolCallContext, result: ToolResult) -> ToolResult:
@@ -141,16 +160,17 @@ class HookRegistry:
                 result = replacement
         return result
 
-    async def _notify_blocked(self, ctx: ToolCallContext, reason: str) -> None:
+    async def _notify(self, kind: type, method: str, ctx: ToolCallContext, reason: str) -> None:
+        """Tell every hook that implements ``kind`` (once each) what became of the call."""
         seen: set[int] = set()
         for hook in [*self.pre, *self.post]:
-            if id(hook) in seen or not isinstance(hook, ToolBlockedHook):
+            if id(hook) in seen or not isinstance(hook, kind):
                 continue
             seen.add(id(hook))
             try:
-                await hook.tool_blocked(ctx, reason)
+                await getattr(hook, method)(ctx, reason)
             except Exception:
-                logger.exception("tool_blocked hook failed run_id=%s hook=%s", ctx.run_id, _hook_name(hook))
+                logger.exception("%s hook failed run_id=%s hook=%s", method, ctx.run_id, _hook_name(hook))
 
 
 class ReadOnlyGuard:
@@ -168,7 +188,7 @@ class ReadOnlyGuard:
         return None
 
 
-AuditOutcome = Literal["ok", "error", "blocked"]
+AuditOutcome = Literal["ok", "error", "blocked", "awaiting_approval"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +235,9 @@ class AuditHook:
 
     async def tool_blocked(self, ctx: ToolCallContext, reason: str) -> None:
         await self._record(ctx, "blocked", reason)
+
+    async def tool_awaiting(self, ctx: ToolCallContext, reason: str) -> None:
+        await self._record(ctx, "awaiting_approval", None)
 
     async def _record(self, ctx: ToolCallContext, outcome: AuditOutcome, error: str | None) -> None:
         started = self._started.pop(self._key(ctx), None)
@@ -277,6 +300,7 @@ __all__ = [
     "PreToolDecision",
     "PreToolUseHook",
     "ReadOnlyGuard",
+    "ToolAwaitingHook",
     "ToolBlockedHook",
     "ToolCallContext",
     "ToolRateLimit",

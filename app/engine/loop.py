@@ -22,8 +22,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from app.engine import prompts
+from app.engine.approvals import ApprovalDecision, Approvals
 from app.engine.context import ContextGuard
 from app.engine.events import (
+    ApprovalDecided,
+    ApprovalRequested,
     EventSink,
     Injected,
     IterationDone,
@@ -36,6 +39,7 @@ from app.engine.guards import CompletionChecklist, CycleDetector, ReflectionSche
 from app.engine.hooks import HookRegistry, ToolCallContext
 from app.engine.interrupts import InterruptQueue, merge_interrupts
 from app.engine.state import (
+    AwaitingCall,
     CallRecord,
     Journal,
     LoopOutcome,
@@ -87,6 +91,8 @@ class CallOutcome:
     error: str | None
     ran: bool
     """The tool really executed (not blocked, arguments usable, tool exists): a "real" tool call."""
+    counted: bool = True
+    """The cycle detector counts it: not a call a person refused (or let expire)."""
 
 
 class LoopStrategy(Protocol):
@@ -167,6 +173,8 @@ class ToolLoop:
     state: LoopState
     interrupts: InterruptQueue | None = None
     journal: Journal | None = None
+    approvals: Approvals | None = None
+    """Where calls that need a person's approval get it; None: nobody can approve them here."""
     run_id: str = ""
     conversation_id: str = ""
     owner: str = ""
@@ -184,7 +192,10 @@ class ToolLoop:
 
     async def run(self) -> LoopOutcome:
         outcome = await self._iterate()
-        self._checkpoint(outcome=outcome)
+        if outcome.awaiting:
+            self._checkpoint()  # the run waits: its loop goes on later, from here
+        else:
+            self._checkpoint(outcome=outcome)
         return outcome
 
     async def _iterate(self) -> LoopOutcome:
@@ -243,7 +254,9 @@ class ToolLoop:
         loop's outcome when it is over, None to go on with the next iteration."""
         s = self.state
         if pending.calls:
-            await self._run_calls(pending)
+            awaiting = await self._run_calls(pending)
+            if awaiting:
+                return self._outcome("", pending.iteration - 1, awaiting=awaiting)
         injected = pending.injected
         if not self.strategy.drains_before_tools:
             injected = await self._drain()
@@ -282,7 +295,13 @@ class ToolLoop:
         return self._outcome(pending.answer, iteration)
 
     def _outcome(
-        self, answer: str, iterations: int, *, error: str | None = None, exhausted: bool = False
+        self,
+        answer: str,
+        iterations: int,
+        *,
+        error: str | None = None,
+        exhausted: bool = False,
+        awaiting: tuple[AwaitingCall, ...] = (),
     ) -> LoopOutcome:
         s = self.state
         s.iteration = max(s.iteration, iterations)
@@ -294,6 +313,7 @@ class ToolLoop:
             follow_ups=s.follow_ups,
             error=error,
             exhausted=exhausted,
+            awaiting=awaiting,
         )
 
     def _checkpoint(self, **extra: Any) -> None:
@@ -371,10 +391,13 @@ class ToolLoop:
         await self.sink(Injected("\n".join(contents)))
         return True
 
-    async def _run_calls(self, pending: PendingReply) -> None:
+    async def _run_calls(self, pending: PendingReply) -> tuple[AwaitingCall, ...]:
+        """Run the reply's calls (at once) and append their results; returns the calls that wait
+        for a person instead, if any (then nothing is appended: the results follow the reply
+        together, in call order, once every decision is in)."""
         calls = pending.calls
         if len(calls) == 1:
-            outcomes = [await self._run_call(pending, calls[0])]
+            results = [await self._run_call(pending, calls[0])]
         else:
             try:
                 # A task group: if one call fails for good, the others stop too (no tool goes on
@@ -383,7 +406,13 @@ class ToolLoop:
                     tasks = [group.create_task(self._run_call(pending, c)) for c in calls]
             except BaseExceptionGroup as failed:
                 raise failed.exceptions[0] from None
-            outcomes = [task.result() for task in tasks]
+            results = [task.result() for task in tasks]
+        awaiting = tuple(
+            pending.awaiting[c.call_id] for c, r in zip(calls, results, strict=True) if r is None
+        )
+        if awaiting:
+            return awaiting
+        outcomes = [r for r in results if r is not None]
         s = self.state
         # Results first, in the order of the calls, before any other message (E-06).
         for message in self.strategy.observation_messages(outcomes):
@@ -395,7 +424,7 @@ class ToolLoop:
             )
             if outcome.ran:
                 real += 1
-            if outcome.call.args_error is None:
+            if outcome.call.args_error is None and outcome.counted:
                 warning = self.cycles.record(outcome.call.tool_name, outcome.call.args)
                 if warning is not None:
                     self._append(ChatMessage(role="user", content=warning), keep=False)
@@ -407,22 +436,47 @@ class ToolLoop:
                 ),
                 keep=False,
             )
+        return ()
 
-    async def _run_call(self, pending: PendingReply, call: PlannedCall) -> CallOutcome:
+    async def _run_call(self, pending: PendingReply, call: PlannedCall) -> CallOutcome | None:
+        """One call of ``pending``, its events and its record; None when it waits for a person."""
         known = pending.results.get(call.call_id)
         if known is not None:
             # Finished by an earlier attempt of the run: never run again (R-05); its events were sent.
-            return CallOutcome(call, known.observation, known.error, known.ran)
-        iteration = pending.iteration
-        await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args)))
+            return CallOutcome(call, known.observation, known.error, known.ran, known.counted)
         started = time.monotonic()
+        awaiting = pending.awaiting.get(call.call_id)
+        decision: ApprovalDecision | None = None
+        if awaiting is not None:
+            decision = self.approvals.decision(call.call_id) if self.approvals is not None else None
+            if decision is None:
+                return None  # asked already (its request is out): still no decision
+            await self._announce(pending, awaiting, decision)
+            if decision.status != "approved":
+                return await self._refused(pending, call, awaiting, decision, started)
+            args = dict(decision.tool_args) if decision.tool_args is not None else awaiting.args
+            call = replace(call, args=args)
         if call.call_id in pending.started and not self._repeatable(call):
             # It was running when its worker stopped: it may or may not have taken effect.
             reason = prompts.interrupted_call(call.tool_name)
             outcome = CallOutcome(call, reason, reason, ran=False)
             result = ToolResult(content="", error=reason)
+            await self.sink(IterationStarted(pending.iteration, call.tool_name, dict(call.args)))
         else:
-            outcome, result = await self._execute(pending, call)
+            executed = await self._execute(pending, call, approved=awaiting is not None)
+            if executed is None:
+                return None
+            outcome, result = executed
+        if awaiting is not None and call.args != awaiting.args:
+            # The model asked for other arguments: it reads which ones ran.
+            observation = prompts.edited_call(call.tool_name, call.args, outcome.observation)
+            outcome = replace(outcome, observation=observation)
+        return await self._done(pending, outcome, result, started)
+
+    async def _done(
+        self, pending: PendingReply, outcome: CallOutcome, result: ToolResult, started: float
+    ) -> CallOutcome:
+        call, iteration = outcome.call, pending.iteration
         await self.sink(
             IterationDone(
                 iteration=iteration,
@@ -433,16 +487,63 @@ class ToolLoop:
                 artifact=artifact_payload(result),
             )
         )
-        pending.results[call.call_id] = CallRecord(outcome.observation, outcome.error, outcome.ran)
+        pending.results[call.call_id] = CallRecord(
+            outcome.observation, outcome.error, outcome.ran, outcome.counted
+        )
         self._checkpoint()
         return outcome
+
+    async def _announce(
+        self, pending: PendingReply, awaiting: AwaitingCall, decision: ApprovalDecision
+    ) -> None:
+        """The decision's ``approval`` event, once per call (a new attempt does not repeat it)."""
+        if awaiting.call_id in pending.decided:
+            return
+        args = dict(decision.tool_args) if decision.tool_args is not None else awaiting.args
+        await self.sink(ApprovalDecided(awaiting.approval_id, decision.status, decision.reason, args))
+        pending.decided.add(awaiting.call_id)
+
+    async def _refused(
+        self,
+        pending: PendingReply,
+        call: PlannedCall,
+        awaiting: AwaitingCall,
+        decision: ApprovalDecision,
+        started: float,
+    ) -> CallOutcome:
+        """A call a person denied, or nobody decided in time: it does not run (A-03, A-04)."""
+        reason = prompts.denied_call(call.tool_name, decision.reason, expired=decision.status == "expired")
+        await self.sink(IterationStarted(pending.iteration, call.tool_name, dict(awaiting.args)))
+        outcome = CallOutcome(call, reason, reason, ran=False, counted=False)
+        return await self._done(pending, outcome, ToolResult(content="", error=reason), started)
+
+    async def _ask(self, pending: PendingReply, call: PlannedCall, args: dict[str, Any]) -> None:
+        """Record ``call`` as waiting for a person, and ask (A-02)."""
+        assert self.approvals is not None
+        ticket = self.approvals.ticket(call.call_id, call.tool_name, args, pending.iteration)
+        awaiting = AwaitingCall(
+            call.call_id, ticket.approval_id, ticket.expires_at, call.tool_name, args, pending.iteration
+        )
+        await self.sink(
+            ApprovalRequested(
+                ticket.approval_id, call.call_id, call.tool_name, args, pending.iteration, ticket.expires_at
+            )
+        )
+        pending.awaiting[call.call_id] = awaiting
+        self._checkpoint()
 
     def _repeatable(self, call: PlannedCall) -> bool:
         tool = self.registry.get(call.tool_name)
         return tool is None or tool.idempotent or call.args_error is not None
 
-    async def _execute(self, pending: PendingReply, call: PlannedCall) -> tuple[CallOutcome, ToolResult]:
+    async def _execute(
+        self, pending: PendingReply, call: PlannedCall, *, approved: bool
+    ) -> tuple[CallOutcome, ToolResult] | None:
+        """The call's PreToolUse hooks, its start event and the tool; None when a hook asks for a
+        person's approval (the call waits, and runs in a later attempt)."""
+        iteration = pending.iteration
         if call.args_error is not None:
+            await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args)))
             result = ToolResult(content="", error=call.args_error)
             return CallOutcome(call, observation_of(result), result.error, ran=False), result
         ctx = ToolCallContext(
@@ -455,8 +556,17 @@ class ToolLoop:
             call_id=call.call_id,
             idempotency_key=f"{self.run_id}:{call.call_id}",
             owner=self.owner,
+            approved=approved,
         )
         decision = await self.hooks.run_pre(ctx)
+        if decision.allow and decision.ask:
+            args = dict(decision.args) if decision.args is not None else dict(call.args)
+            if self.approvals is not None:
+                await self._ask(pending, call, args)
+                return None
+            # Nobody can approve it in this run: it does not run, and the model is told why.
+            decision = replace(decision, allow=False, reason=prompts.approval_unavailable(call.tool_name))
+        await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args)))
         if not decision.allow:
             reason = decision.reason or "Blocked by a PreToolUse hook."
             # E-17: the hook's reason itself is what the model reads.

@@ -7,7 +7,8 @@ the same constants the engine uses. Nothing here calls a model or emits events.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from app.engine.interrupts import INTERRUPT_MARKER
 from app.tools.registry import ToolRegistry
@@ -168,3 +169,31 @@ def interrupted_call(tool_name: str) -> str:
         "so it may or may not have taken effect. Do not assume either: check its effect if you can "
         "before you call it again."
     )
+
+
+def denied_call(tool_name: str, reason: str | None, *, expired: bool = False) -> str:
+    """A-03/A-04: the observation of a call that a person refused, or that nobody decided in time."""
+    if expired:
+        head = (
+            f"The call of `{tool_name}` was not executed: it needed a person's approval and nobody "
+            "decided in time."
+        )
+    else:
+        head = f"The call of `{tool_name}` was not executed: the user denied it."
+    why = f" Reason: {reason.strip()}" if reason and reason.strip() else ""
+    return f"{head}{why} Do not repeat this call as it was; change your approach or answer without it."
+
+
+def approval_unavailable(tool_name: str) -> str:
+    """A call that needs a person's approval in a run that cannot ask anyone (the /v1 face)."""
+    return (
+        f"The call of `{tool_name}` was not executed: it needs a person's approval, and this run cannot "
+        "ask for one. Answer without it, or say what you would do and that it needs approval."
+    )
+
+
+def edited_call(tool_name: str, args: Mapping[str, Any], observation: str) -> str:
+    """A-03: the observation of a call that ran with arguments a person edited."""
+    shown = json.dumps(args, ensure_ascii=False, sort_keys=True)
+    note = f"(The user approved the call of `{tool_name}` with edited arguments; it ran with {shown}.)"
+    return f"{note}\n{observation}"

@@ -56,6 +56,21 @@ class CallRecord:
     error: str | None
     ran: bool
     """The tool really executed (not blocked, arguments usable, tool exists): a "real" tool call."""
+    counted: bool = True
+    """The cycle detector counts it (E-20); a call a person refused is no repeat of a real call."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitingCall:
+    """A call that waits for a person's decision (RUNS.md A-02)."""
+
+    call_id: str
+    approval_id: str
+    expires_at: str
+    tool_name: str
+    args: dict[str, Any]
+    """The arguments it asks to run with (after the PreToolUse hooks' rewrites)."""
+    iteration: int
 
 
 @dataclass(slots=True)
@@ -77,6 +92,10 @@ class PendingReply:
     """By call id, the calls that finished."""
     started: set[str] = field(default_factory=set)
     """Calls of tools that must not run twice, recorded (and stored) just before they started."""
+    awaiting: dict[str, AwaitingCall] = field(default_factory=dict)
+    """By call id, the calls that asked for a person's approval (decided ones included)."""
+    decided: set[str] = field(default_factory=set)
+    """Calls whose decision the run has announced (its ``approval`` event is out)."""
 
 
 @dataclass(slots=True)
@@ -91,6 +110,8 @@ class LoopOutcome:
     """Set when the loop could not reach a usable LLM: the run fails."""
     exhausted: bool = False
     """True when ``max_iterations`` ran out and ``answer`` is the E-15 fallback."""
+    awaiting: tuple[AwaitingCall, ...] = ()
+    """The loop stopped for these calls' decisions (A-02): the run waits, it has not ended."""
 
 
 @dataclass(slots=True)
@@ -164,11 +185,22 @@ def _call_from_json(data: Sequence[Any]) -> PlannedCall:
 
 
 def _record_to_json(record: CallRecord) -> list[Any]:
-    return [record.observation, record.error, record.ran]
+    if record.counted:
+        return [record.observation, record.error, record.ran]
+    return [record.observation, record.error, record.ran, False]
 
 
 def _record_from_json(data: Sequence[Any]) -> CallRecord:
-    return CallRecord(observation=data[0], error=data[1], ran=bool(data[2]))
+    counted = bool(data[3]) if len(data) > 3 else True
+    return CallRecord(observation=data[0], error=data[1], ran=bool(data[2]), counted=counted)
+
+
+def _awaiting_to_json(call: AwaitingCall) -> list[Any]:
+    return [call.approval_id, call.expires_at, call.tool_name, call.args, call.iteration]
+
+
+def _awaiting_from_json(call_id: str, data: Sequence[Any]) -> AwaitingCall:
+    return AwaitingCall(call_id, data[0], data[1], data[2], dict(data[3]), int(data[4]))
 
 
 def _pending_to_json(pending: PendingReply) -> dict[str, Any]:
@@ -227,6 +259,8 @@ class Journal:
         self._pending: PendingReply | None = state.pending if restored else None
         self._results = len(state.pending.results) if restored and state.pending else 0
         self._started = len(state.pending.started) if restored and state.pending else 0
+        self._awaiting = len(state.pending.awaiting) if restored and state.pending else 0
+        self._decided = len(state.pending.decided) if restored and state.pending else 0
 
     def start(self, initial_messages: int) -> None:
         """The loop begins with ``initial_messages`` messages that need no recording."""
@@ -296,7 +330,7 @@ class Journal:
         if pending is not self._pending:
             out["p"] = _pending_to_json(pending) if pending is not None else None
             self._pending = pending
-            self._results = self._started = 0
+            self._results = self._started = self._awaiting = self._decided = 0
         if pending is None:
             return
         if len(pending.results) > self._results:
@@ -306,6 +340,13 @@ class Journal:
         if len(pending.started) > self._started:
             out["st"] = sorted(pending.started)
             self._started = len(pending.started)
+        if len(pending.awaiting) > self._awaiting:
+            added = list(pending.awaiting.values())[self._awaiting :]
+            out["aw"] = {call.call_id: _awaiting_to_json(call) for call in added}
+            self._awaiting = len(pending.awaiting)
+        if len(pending.decided) > self._decided:
+            out["dc"] = sorted(pending.decided)
+            self._decided = len(pending.decided)
 
 
 # ---- restoring ---------------------------------------------------------------------------------
@@ -370,8 +411,18 @@ class RunCheckpoint:
             for call_id, record in delta.get("r", {}).items():
                 self.pending.results[call_id] = _record_from_json(record)
             self.pending.started.update(delta.get("st", ()))
+            for call_id, call in delta.get("aw", {}).items():
+                self.pending.awaiting[call_id] = _awaiting_from_json(call_id, call)
+            self.pending.decided.update(delta.get("dc", ()))
         if "o" in delta:
             self.outcome = dict(delta["o"])
+
+    def undecided(self) -> list[AwaitingCall]:
+        """The calls the run waits on: asked for approval, with no decision taken in yet (A-02)."""
+        p = self.pending
+        if p is None:
+            return []
+        return [call for key, call in p.awaiting.items() if key not in p.results and key not in p.decided]
 
     def usage(self) -> Usage:
         if self.values is None:
@@ -409,6 +460,10 @@ class RunCheckpoint:
                 out["r"] = {k: _record_to_json(v) for k, v in self.pending.results.items()}
             if self.pending.started:
                 out["st"] = sorted(self.pending.started)
+            if self.pending.awaiting:
+                out["aw"] = {k: _awaiting_to_json(v) for k, v in self.pending.awaiting.items()}
+            if self.pending.decided:
+                out["dc"] = sorted(self.pending.decided)
         if self.outcome is not None:
             out["o"] = dict(self.outcome)
         return out

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.db.errors import RunActiveError
+from app.db.models import ACTIVE_STATUSES
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.follow_ups import FollowUpRepo
 from app.engine.hooks import HookRegistry
@@ -259,7 +260,7 @@ class RunManager:
         # The run may have closed between the check and the put: then nobody takes the queue, so
         # what is there is kept in the conversation's history instead (unless a new run has it).
         latest = await self.runs.get_any(run.id)
-        if latest is None or latest.status != "running":
+        if latest is None or latest.status not in ACTIVE_STATUSES:
             await self.follow_ups.keep_if_no_run(conversation.id, run.id)
         return queued
 

@@ -50,7 +50,7 @@ SSE_EVENT_SCHEMA = {
     "required": ["id", "event", "data"],
     "properties": {
         "id": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
-        "event": {"enum": ["step", "answer", "compact", "phase", "inject", "done"]},
+        "event": {"enum": ["step", "answer", "compact", "phase", "inject", "approval", "done"]},
         "data": {"type": "string", "contentMediaType": "application/json"},
     },
 }

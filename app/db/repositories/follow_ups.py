@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, FollowUpLimitError
-from app.db.models import Conversation, FollowUp, Run, utcnow
+from app.db.models import ACTIVE_STATUSES, Conversation, FollowUp, Run, utcnow
 from app.db.repositories.rows import _append_messages, follow_up_messages
 
 
@@ -70,7 +70,7 @@ class FollowUpRepo:
             if not touched.rowcount:  # type: ignore[attr-defined]
                 return []
             running = await session.scalar(
-                select(Run.id).where(Run.conversation_id == conversation_id, Run.status == "running")
+                select(Run.id).where(Run.conversation_id == conversation_id, Run.status.in_(ACTIVE_STATUSES))
             )
             if running is not None:
                 return []

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
-from app.db.models import RUN_STATUSES, Conversation, FollowUp, Message, Run, utcnow
+from app.db.models import ACTIVE_STATUSES, RUN_STATUSES, Conversation, FollowUp, Message, Run, utcnow
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     _TOUCH_CONVERSATION,
@@ -37,7 +37,7 @@ from app.streaming.bus import StoredEvent, later_cursor
 _RUN = select(_runs).where(_runs.c.id == bindparam("b_id"))
 _RUN_OF_OWNER = _RUN.where(_runs.c.owner == bindparam("b_owner"))
 _ACTIVE_RUN = select(_runs).where(
-    _runs.c.conversation_id == bindparam("b_conversation"), _runs.c.status == "running"
+    _runs.c.conversation_id == bindparam("b_conversation"), _runs.c.status.in_(ACTIVE_STATUSES)
 )
 _LATEST_RUN = (
     select(_runs)
