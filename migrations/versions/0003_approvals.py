@@ -38,11 +38,52 @@ def _index(name: str, where: str) -> None:
     )
 
 
+def _runs_table(statuses: str) -> sa.Table:
+    """The runs table as revisions 0002 and 0003 have it, with the status check ``statuses``:
+    batch mode copies it from here, so that the upgrade can be written out as SQL offline too."""
+    return sa.Table(
+        "runs",
+        sa.MetaData(),
+        sa.Column("id", sa.String(length=64), nullable=False),
+        sa.Column("conversation_id", sa.String(length=64), nullable=False),
+        sa.Column("owner", sa.String(length=200), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("message", sa.Text(), nullable=False),
+        sa.Column("answer", sa.Text(), nullable=True),
+        sa.Column("iterations", sa.Integer(), nullable=False),
+        sa.Column("usage", sa.JSON(), nullable=False),
+        sa.Column("elapsed", sa.Float(), nullable=True),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("pending_injections", sa.JSON(), nullable=False),
+        sa.Column("start_cursor", sa.String(length=64), nullable=False),
+        sa.Column("worker_id", sa.String(length=200), nullable=True),
+        sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("attempt", sa.Integer(), server_default=sa.text("1"), nullable=False),
+        sa.Column("lost_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("cancel_requested", sa.Boolean(), server_default=sa.false(), nullable=False),
+        sa.CheckConstraint(statuses, name="ck_runs_status"),
+        sa.ForeignKeyConstraint(
+            ["conversation_id"],
+            ["conversations.id"],
+            name="fk_runs_conversation_id_conversations",
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("id", name="pk_runs"),
+        sa.Index("ix_runs_conversation_id", "conversation_id"),
+    )
+
+
 def _statuses(old: str, new: str) -> None:
+    if op.get_context().dialect.name != "sqlite":
+        op.drop_constraint(op.f("ck_runs_status"), "runs", type_="check")
+        op.create_check_constraint(op.f("ck_runs_status"), "runs", new)
+        return
     # A check constraint cannot be altered in place on SQLite: batch mode rebuilds the table.
-    with op.batch_alter_table("runs") as batch:
+    with op.batch_alter_table("runs", copy_from=_runs_table(old), recreate="always") as batch:
         batch.drop_constraint(op.f("ck_runs_status"), type_="check")
-        batch.create_check_constraint("status", new)
+        batch.create_check_constraint(op.f("ck_runs_status"), new)
 
 
 def upgrade() -> None:

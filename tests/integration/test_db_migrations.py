@@ -6,10 +6,12 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import NullPool
 
 from app.db.migrate import downgrade_database, upgrade_database
@@ -26,6 +28,7 @@ APP_TABLES = {
     "follow_ups",
     "notes",
     "tool_effects",
+    "approvals",
 }
 
 
@@ -91,17 +94,20 @@ async def test_migrated_schema_keeps_the_partial_unique_index_and_named_constrai
 
     schema = await inspect_database(database_url, look)
 
-    partial = schema["indexes"]["ux_runs_one_running_per_conversation"]
+    partial = schema["indexes"]["ux_runs_one_active_per_conversation"]
     assert partial["unique"]
     assert partial["column_names"] == ["conversation_id"]
     (where,) = (v for k, v in partial["dialect_options"].items() if k.endswith("_where"))
-    assert "running" in str(where)
+    assert all(status in str(where) for status in ("queued", "running", "waiting"))
+    assert "completed" not in str(where)
     assert schema["fks"] == {
         "fk_messages_conversation_id_conversations",
         "fk_runs_conversation_id_conversations",
         "fk_run_events_conversation_id_conversations",
         "fk_run_checkpoints_run_id_runs",
         "fk_follow_ups_conversation_id_conversations",
+        "fk_approvals_conversation_id_conversations",
+        "fk_approvals_run_id_runs",
     }
     assert schema["pk"]["name"] == "pk_run_events"
     assert schema["pk"]["constrained_columns"] == ["conversation_id", "cursor_ms", "cursor_seq"]
@@ -183,3 +189,57 @@ async def test_a_database_of_the_previous_version_upgrades_with_its_finished_run
         database_url, lambda c: {i["name"] for i in inspect(c).get_indexes("runs")}
     )
     assert "ux_runs_one_running_per_conversation" in indexes
+
+
+async def scalar(url: str, statement: str) -> Any:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            return (await conn.execute(text(statement))).scalar()
+    finally:
+        await engine.dispose()
+
+
+async def test_the_approvals_revision_keeps_runs_and_their_checkpoints_and_undoes_cleanly(
+    database_url: str,
+) -> None:
+    # 0003 rebuilds the runs table on SQLite: the rows that hang on runs must survive it.
+    await asyncio.to_thread(upgrade_database, database_url, "0002")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    await execute(
+        database_url,
+        "INSERT INTO conversations (id, owner, title, agent_config, created_at, updated_at) "
+        "VALUES ('conv_old', 'alice', 'old', '{}', :now, :now)",
+        {"now": now},
+    )
+    running = {**FINISHED_RUN, "id": "run_live", "status": "running", "finished_at": None}
+    columns = ", ".join(running)
+    await execute(
+        database_url, f"INSERT INTO runs ({columns}) VALUES ({', '.join(':' + c for c in running)})", running
+    )
+    await execute(
+        database_url,
+        "INSERT INTO run_checkpoints (run_id, attempt, seq, after, data, created_at) "
+        "VALUES ('run_live', 1, 0, '5-0', '{\"v\": []}', :now)",
+        {"now": now},
+    )
+
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    assert await scalar(database_url, "SELECT count(*) FROM run_checkpoints") == 1
+    assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_live'") == "running"
+    # A waiting run is a status the new check admits; one active run per conversation still holds.
+    await execute(database_url, "UPDATE runs SET status = 'waiting' WHERE id = 'run_live'")
+    second = {**running, "id": "run_second", "status": "queued"}
+    with pytest.raises(IntegrityError):
+        await execute(
+            database_url,
+            f"INSERT INTO runs ({columns}) VALUES ({', '.join(':' + c for c in second)})",
+            second,
+        )
+
+    # Back to 0002, which knows no waiting run: it ends as failed, with the reason.
+    await asyncio.to_thread(downgrade_database, database_url, "0002")
+    assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_live'") == "failed"
+    assert await scalar(database_url, "SELECT count(*) FROM run_checkpoints") == 1
+    assert "approvals" not in await inspect_database(database_url, table_names)

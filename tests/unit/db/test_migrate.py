@@ -24,13 +24,13 @@ def test_the_migration_history_has_a_single_head_starting_at_0001() -> None:
     [
         (
             "sqlite+aiosqlite:///unused.db",
-            "CREATE UNIQUE INDEX ux_runs_one_running_per_conversation ON runs (conversation_id) "
-            "WHERE status = 'running'",
+            "CREATE UNIQUE INDEX ux_runs_one_active_per_conversation ON runs (conversation_id) "
+            "WHERE status IN ('queued', 'running', 'waiting')",
         ),
         (
             "postgresql+asyncpg://u@nowhere/app",
-            "CREATE UNIQUE INDEX ux_runs_one_running_per_conversation ON runs (conversation_id) "
-            "WHERE status = 'running'",
+            "CREATE UNIQUE INDEX ux_runs_one_active_per_conversation ON runs (conversation_id) "
+            "WHERE status IN ('queued', 'running', 'waiting')",
         ),
     ],
     ids=["sqlite", "postgresql"],

@@ -54,7 +54,7 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "fk_runs_conversation_id_conversations",
         "ck_runs_status",
         "ix_runs_conversation_id",
-        "ux_runs_one_running_per_conversation",
+        "ux_runs_one_active_per_conversation",
         "pk_run_events",
         "fk_run_events_conversation_id_conversations",
         "ix_run_events_run_id",
@@ -65,27 +65,33 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "ix_follow_ups_conversation_id_id",
         "pk_notes",
         "pk_tool_effects",
+        "pk_approvals",
+        "ck_approvals_status",
+        "fk_approvals_run_id_runs",
+        "fk_approvals_conversation_id_conversations",
+        "ix_approvals_run_id",
+        "ix_approvals_conversation_id",
+        "ix_approvals_owner_status_created_at",
+        "ix_approvals_status_expires_at",
     }
 
 
 def test_foreign_keys_cascade_deletes_from_conversations() -> None:
     fks = [fk for table in Base.metadata.sorted_tables for fk in table.foreign_keys]
 
-    # Everything of a conversation goes with it: checkpoints through their run.
-    assert len(fks) == 5
+    # Everything of a conversation goes with it: checkpoints and approvals through their run too.
+    assert len(fks) == 7
     assert {fk.column.table.name for fk in fks} == {"conversations", "runs"}
     assert all(fk.ondelete == "CASCADE" for fk in fks)
-    (through_run,) = (fk for fk in fks if fk.column.table.name == "runs")
-    assert through_run.parent.table.name == "run_checkpoints"
+    through_run = {fk.parent.table.name for fk in fks if fk.column.table.name == "runs"}
+    assert through_run == {"run_checkpoints", "approvals"}
 
 
 @pytest.mark.parametrize("dialect", [sqlite.dialect(), postgresql.dialect()], ids=["sqlite", "postgresql"])
-def test_only_one_running_run_index_is_partial_on_both_dialects(dialect: object) -> None:
-    (index,) = (ix for ix in Run.__table__.indexes if ix.name == "ux_runs_one_running_per_conversation")
+def test_only_one_active_run_index_is_partial_on_both_dialects(dialect: object) -> None:
+    (index,) = (ix for ix in Run.__table__.indexes if ix.name == "ux_runs_one_active_per_conversation")
 
     ddl = str(CreateIndex(index).compile(dialect=dialect))  # type: ignore[arg-type]
 
-    assert ddl.startswith(
-        "CREATE UNIQUE INDEX ux_runs_one_running_per_conversation ON runs (conversation_id)"
-    )
-    assert ddl.rstrip().endswith("WHERE status = 'running'")
+    assert ddl.startswith("CREATE UNIQUE INDEX ux_runs_one_active_per_conversation ON runs (conversation_id)")
+    assert ddl.rstrip().endswith("WHERE status IN ('queued', 'running', 'waiting')")
