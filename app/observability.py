@@ -146,3 +146,24 @@ class Metrics:
             "Runs this process released to another worker on shutdown",
             registry=r,
         )
+        self.approvals_requested = Counter(
+            "agentstream_approvals_requested_total",
+            "Tool calls that asked for a person's approval (RUNS.md A-02)",
+            registry=r,
+        )
+        self.approvals_decided = Counter(
+            "agentstream_approvals_decided_total",
+            "Approvals decided through this process, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.approvals_expired = Counter(
+            "agentstream_approvals_expired_total",
+            "Approvals this process expired because nobody decided in time (A-04)",
+            registry=r,
+        )
+        self.approvals_pending = Gauge(
+            "agentstream_approvals_pending",
+            "Approvals waiting for a decision, across the service (read from the database)",
+            registry=r,
+        )

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=20.0, ge=0)
     run_max_attempts: int = Field(default=3, ge=1, le=100)
     """Attempts of a run that may die (its worker lost) before the run fails (RUNS.md R-07)."""
+    require_approval: str = ""
+    """Tools whose calls wait for a person (RUNS.md A-01): comma-separated names, or ``*``."""
+    approval_timeout_s: float = Field(default=86400.0, gt=0, le=366 * 86400)
+    """A pending approval expires after this long (A-04)."""
 
     # service
     log_format: Literal["text", "json"] = "text"
@@ -83,3 +87,7 @@ class Settings(BaseSettings):
                 raise ValueError("API_KEYS entries must look like owner:key")
             out[key.strip()] = owner.strip()
         return out
+
+    def approval_tools(self) -> list[str]:
+        """``REQUIRE_APPROVAL`` as a list of tool names (``["*"]`` for every tool)."""
+        return [name.strip() for name in self.require_approval.split(",") if name.strip()]

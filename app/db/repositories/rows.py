@@ -23,7 +23,17 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.errors import ConversationNotFoundError, InvalidCursorError
-from app.db.models import ACTIVE_STATUSES, RUN_STATUSES, Checkpoint, Conversation, FollowUp, Message, Run, RunEvent, utcnow
+from app.db.models import (
+    ACTIVE_STATUSES,
+    RUN_STATUSES,
+    Checkpoint,
+    Conversation,
+    FollowUp,
+    Message,
+    Run,
+    RunEvent,
+    utcnow,
+)
 from app.llm.base import ChatMessage, Role, ToolCall
 from app.streaming.bus import StoredEvent, parse_cursor
 

@@ -12,7 +12,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
-from app.db.models import ACTIVE_STATUSES, RUN_STATUSES, Conversation, FollowUp, Message, Run, utcnow
+from app.db.models import (
+    ACTIVE_STATUSES,
+    RUN_STATUSES,
+    Approval,
+    Conversation,
+    FollowUp,
+    Message,
+    Run,
+    utcnow,
+)
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     _TOUCH_CONVERSATION,
@@ -375,12 +384,28 @@ class RunRepo:
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
     async def request_cancel(self, run_id: str) -> bool:
-        """Mark a running run for cancel, for whichever worker holds it next (RUNS.md R-11)."""
+        """Mark a running run for cancel, for whichever worker holds it next (RUNS.md R-11). A
+        waiting run's approvals close with it (A-05), and it becomes a running run that no worker
+        holds, which the next claim closes."""
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
                 update(Run).where(Run.id == run_id, Run.status == "running").values(cancel_requested=True)
             )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+            if result.rowcount:  # type: ignore[attr-defined]
+                return True
+            result = await session.execute(
+                update(Run)
+                .where(Run.id == run_id, Run.status == "waiting")
+                .values(cancel_requested=True, status="running", worker_id=None, lease_expires_at=None)
+            )
+            if not result.rowcount:  # type: ignore[attr-defined]
+                return False
+            await session.execute(
+                update(Approval)
+                .where(Approval.run_id == run_id, Approval.status == "pending")
+                .values(status="cancelled", reason="the run was cancelled", decided_at=utcnow())
+            )
+        return True
 
     async def history_before(self, run: RunRecord) -> list[ChatMessage]:
         """The conversation's messages before ``run``'s question: the history it started with."""

@@ -1,0 +1,150 @@
+"""Runs that wait for a person (RUNS.md A-01..A-06), on the service's side.
+
+The engine says which calls wait (``app.engine.approvals``); here a run's approvals get their ids
+and expiry (``RunApprovals``), are stored before their ``approval`` event goes out (so a decision
+made the moment the event arrives finds its approval), the run is parked (``park``: status
+``waiting``, held by no worker), and a decision or an expiry that settles a run's last pending
+approval hands it to whichever worker's claim loop takes it first (``ApprovalRepo``). The decision
+route lives in ``app.api.routes.approvals``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from app.db.models import utcnow
+from app.db.repositories.approvals import ApprovalRecord, ApprovalRepo, NewApproval, ParkResult
+from app.db.repositories.rows import ConversationRecord
+from app.engine.approvals import ApprovalDecision, ApprovalTicket, RequireApproval
+from app.engine.events import ApprovalRequested
+from app.observability import Metrics
+from app.runs.closing import while_unreachable
+from app.settings import Settings
+
+log = logging.getLogger("app.runs")
+audit_log = logging.getLogger("app.audit")
+
+
+def approval_id(run_id: str, call_id: str) -> str:
+    """The id of a call's approval: the same for every attempt that asks for it."""
+    return "apr_" + hashlib.sha256(f"{run_id}:{call_id}".encode()).hexdigest()[:32]
+
+
+def required_tools(settings: Settings, conversation: ConversationRecord) -> list[str]:
+    """A-01: the conversation's own ``require_approval`` (an empty list included), else the service's."""
+    own = (conversation.agent_config or {}).get("require_approval")
+    return list(own) if own is not None else settings.approval_tools()
+
+
+def approval_policy(settings: Settings, conversation: ConversationRecord) -> RequireApproval | None:
+    policy = RequireApproval(required_tools(settings, conversation))
+    return policy if policy else None
+
+
+def decisions_of(records: Sequence[ApprovalRecord]) -> dict[str, ApprovalDecision]:
+    """The decisions taken on a run's approvals, by call id (pending and cancelled ones are none)."""
+    out: dict[str, ApprovalDecision] = {}
+    for r in records:
+        if r.status in ("approved", "denied", "expired"):
+            args = r.decided_args if r.status == "approved" else None
+            out[r.call_id] = ApprovalDecision(r.id, r.status, r.reason, args)  # type: ignore[arg-type]
+    return out
+
+
+class RunApprovals:
+    """The engine's ``Approvals`` for one attempt of a run: tickets made here, decisions as the
+    database had them when the attempt started."""
+
+    def __init__(self, run_id: str, timeout_s: float, decisions: Mapping[str, ApprovalDecision]) -> None:
+        self._run_id = run_id
+        self._timeout = timedelta(seconds=timeout_s)
+        self._decisions = dict(decisions)
+
+    def ticket(
+        self, call_id: str, tool_name: str, tool_args: Mapping[str, Any], iteration: int
+    ) -> ApprovalTicket:
+        return ApprovalTicket(approval_id(self._run_id, call_id), (utcnow() + self._timeout).isoformat())
+
+    def decision(self, call_id: str) -> ApprovalDecision | None:
+        return self._decisions.get(call_id)
+
+
+class ApprovalDesk:
+    """What the run executor does with approvals: store a request before its event goes out, park
+    a run that waits, and load a run's decisions for its next attempt."""
+
+    def __init__(self, repo: ApprovalRepo, metrics: Metrics) -> None:
+        self.repo = repo
+        self.metrics = metrics
+
+    async def store_request(
+        self, event: ApprovalRequested, *, run_id: str, conversation_id: str, owner: str
+    ) -> ApprovalRequested:
+        """Store the request ``event`` announces; returns the event as the stored approval has it
+        (an approval a previous attempt stored keeps its expiry)."""
+        new = NewApproval(
+            id=event.approval_id,
+            run_id=run_id,
+            conversation_id=conversation_id,
+            owner=owner,
+            call_id=event.call_id,
+            tool_name=event.tool_name,
+            tool_args=event.tool_args,
+            iteration=event.iteration,
+            expires_at=datetime.fromisoformat(event.expires_at),
+        )
+        stored = await while_unreachable(lambda: self.repo.request(new))
+        self.metrics.approvals_requested.inc()
+        audit_log.info(
+            "approval requested",
+            extra={
+                "approval_id": stored.id,
+                "run_id": run_id,
+                "conversation_id": conversation_id,
+                "tool": stored.tool_name,
+                "expires_at": stored.expires_at.isoformat(),
+            },
+        )
+        if stored.expires_at.isoformat() == event.expires_at:
+            return event
+        return ApprovalRequested(
+            event.approval_id,
+            event.call_id,
+            event.tool_name,
+            event.tool_args,
+            event.iteration,
+            stored.expires_at.isoformat(),
+        )
+
+    async def park(self, run_id: str, attempt: int, worker_id: str) -> ParkResult:
+        return await while_unreachable(lambda: self.repo.park(run_id, attempt, worker_id))
+
+    async def decisions(self, run_id: str) -> dict[str, ApprovalDecision]:
+        return decisions_of(await self.repo.of_run(run_id))
+
+    async def expire_due(self) -> list[str]:
+        """Expire what is due; returns the runs that go on because of it."""
+        expired, resumed = await self.repo.expire_due()
+        if expired:
+            self.metrics.approvals_expired.inc(expired)
+            log.info("approvals expired", extra={"expired": expired, "runs_resumed": len(resumed)})
+        return resumed
+
+
+def approval_item(record: ApprovalRecord) -> dict[str, Any]:
+    """An approval as the API shows it (``GET /api/approvals``, ``pending_approvals``)."""
+    return {
+        "approval_id": record.id,
+        "conversation_id": record.conversation_id,
+        "run_id": record.run_id,
+        "call_id": record.call_id,
+        "tool_name": record.tool_name,
+        "tool_args": record.tool_args,
+        "status": record.status,
+        "created_at": record.created_at.isoformat(),
+        "expires_at": record.expires_at.isoformat(),
+    }
