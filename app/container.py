@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
+from app.db.repositories.approvals import ApprovalRepo
 from app.db.session import Database
 from app.observability import Metrics
 from app.runs.manager import RunManager
@@ -28,3 +29,4 @@ class Services:
     owner_keys: dict[str, str]
     redis: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    approvals: ApprovalRepo | None = None

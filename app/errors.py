@@ -53,3 +53,10 @@ class FollowUpQueueFullError(ServiceError):
     code = "too_many_follow_ups"
     status = 429
     headers = (("Retry-After", "1"),)
+
+
+class ApprovalClosedConflict(ServiceError):
+    """The approval was decided already, expired, or closed with its run (RUNS.md A-03)."""
+
+    code = "approval_closed"
+    status = 409

@@ -21,10 +21,11 @@ from fastapi.staticfiles import StaticFiles
 from app import __version__
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
-from app.api.routes import conversations, health, openai_compat, runs, stream, tools
+from app.api.routes import approvals, conversations, health, openai_compat, runs, stream, tools
 from app.container import Services
 from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
+from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
 from app.db.repositories.notes import NoteRepo
 from app.db.session import Database
@@ -119,7 +120,9 @@ async def build_services(settings: Settings) -> Services:
         registry_.add_post(audit_hook)
         return registry_
 
+    approvals_repo = ApprovalRepo(db.sessionmaker)
     manager = RunManager(
+        approvals=approvals_repo,
         settings=settings,
         conversations=conversations_repo,
         runs=runs_repo,
@@ -149,6 +152,7 @@ async def build_services(settings: Settings) -> Services:
         owner_keys=owner_keys,
         redis=redis_client,
         extras={"llm": llm, "mcp": mcp_tools},
+        approvals=approvals_repo,
     )
 
 
@@ -206,7 +210,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit)
-    for module in (health, tools, conversations, runs, stream, openai_compat):
+    for module in (health, tools, conversations, approvals, runs, stream, openai_compat):
         app.include_router(module.router)
 
     index = WEB_DIR / "index.html"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import orjson
 
@@ -37,7 +38,7 @@ def message_out(msg: MessageRecord) -> MessageOut:
     )
 
 
-def run_out(run: RunRecord, model: str) -> RunOut:
+def run_out(run: RunRecord, model: str, pending_approvals: list[dict[str, Any]] | None = None) -> RunOut:
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "llm_calls": 0}
     usage.update({k: int(v) for k, v in (run.usage or {}).items() if k in usage})
     return RunOut(
@@ -54,8 +55,8 @@ def run_out(run: RunRecord, model: str) -> RunOut:
         finished_at=iso(run.finished_at),
         attempt=run.attempt,
         model=model,
-        # No approvals or tracing yet: nothing pending, no trace.
-        pending_approvals=[],
+        pending_approvals=pending_approvals or [],
+        # No tracing yet: no trace.
         trace_id=None,
     )
 

@@ -93,6 +93,8 @@ class AgentSpec(BaseModel):
 
     mode: Literal["auto", "json", "native"] = "auto"
     tools: list[ToolName] | None = Field(default=None, max_length=256)
+    require_approval: list[ToolName] | None = Field(default=None, max_length=256)
+    """Tools whose calls wait for a person (``["*"]``: every tool; RUNS.md A-01)."""
     max_iterations: Annotated[int, Field(ge=1, le=200), BeforeValidator(_integral)] | None = None
     completion_check: bool = True
     system_prompt: (
@@ -197,6 +199,7 @@ class ConversationOut(BaseModel):
 class ConversationDetail(ConversationOut):
     messages: list[MessageOut]
     active_run_id: str | None
+    pending_approvals: list[dict[str, Any]]
 
 
 class ConversationPage(BaseModel):
@@ -227,6 +230,32 @@ class RunOut(BaseModel):
     model: str
     pending_approvals: list[dict[str, Any]]
     trace_id: str | None
+
+
+class ApprovalDecisionIn(BaseModel):
+    model_config = REQUEST
+
+    decision: Literal["approve", "deny"]
+    reason: (
+        Annotated[
+            str,
+            Field(max_length=2000, json_schema_extra={"pattern": NO_NUL_PATTERN}),
+            AfterValidator(_no_nul),
+        ]
+        | None
+    ) = None
+    tool_args: dict[str, Any] | None = None
+    """Approve with these arguments instead (checked against the tool's parameters)."""
+
+
+class ApprovalDecisionOut(BaseModel):
+    approval_id: str
+    status: Literal["approved", "denied"]
+    run_id: str
+
+
+class ApprovalPage(BaseModel):
+    items: list[dict[str, Any]]
 
 
 class Queued(BaseModel):

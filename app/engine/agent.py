@@ -217,9 +217,11 @@ class ReActAgent:
             journal = Journal(checkpointer, state, restored=resume is not None)
             if resume is None:
                 journal.start(len(initial))
+            journal.selected = selected
             if selected is None and len(self._tools) > cfg.tool_selection_threshold:
                 # Selection ran (whatever it kept): a new attempt uses its choice, not a new one.
-                journal.checkpoint(usage, selected=registry.names())
+                journal.selected = registry.names()
+                journal.checkpoint(usage, selected=journal.selected)
 
         outcome = resume.loop_outcome() if resume is not None else None
         if outcome is None:

@@ -35,6 +35,11 @@ class Checkpointer(Protocol):
         not run twice, the record that it started has to survive the worker."""
         ...
 
+    def wants_full(self) -> bool:
+        """The next checkpoint must hold the whole state (the store lost one: what changed since
+        then does not fold into the run's state any more)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PlannedCall:
@@ -261,6 +266,8 @@ class Journal:
         self._started = len(state.pending.started) if restored and state.pending else 0
         self._awaiting = len(state.pending.awaiting) if restored and state.pending else 0
         self._decided = len(state.pending.decided) if restored and state.pending else 0
+        self.selected: list[str] | None = None
+        """The tools selection kept, if it ran: a whole-state checkpoint says it again."""
 
     def start(self, initial_messages: int) -> None:
         """The loop begins with ``initial_messages`` messages that need no recording."""
@@ -270,8 +277,27 @@ class Journal:
         self._messages = initial_messages
 
     def checkpoint(self, usage: Usage, **extra: Any) -> None:
-        """Record what changed, with ``extra`` (``outcome=``, ``selected=``) as given."""
-        self._checkpointer.record(self.delta(usage, **extra))
+        """Record what changed, with ``extra`` (``outcome=``, ``selected=``) as given; the whole
+        state when the checkpointer asks for it."""
+        wants_full = getattr(self._checkpointer, "wants_full", None)
+        if wants_full is None or not wants_full():
+            self._checkpointer.record(self.delta(usage, **extra))
+            return
+        self._forget()
+        if self.selected is not None and "selected" not in extra:
+            extra["selected"] = self.selected
+        delta = self.delta(usage, **extra)
+        delta["full"] = 1
+        self._checkpointer.record(delta)
+
+    def _forget(self) -> None:
+        """As if nothing had been recorded: the next delta holds everything."""
+        self._messages_ref = None
+        self._messages = self._kept = self._steps = self._follow_ups = 0
+        self._cycles = {}
+        self._call_ids = set()
+        self._pending = None
+        self._results = self._started = self._awaiting = self._decided = 0
 
     async def durable(self) -> None:
         await self._checkpointer.durable()
@@ -386,6 +412,11 @@ class RunCheckpoint:
         return self.checkpoints == 0
 
     def apply(self, delta: Mapping[str, Any]) -> None:
+        if delta.get("full"):
+            # The whole state: what came before (the store may have lost some of it) is replaced.
+            fresh = RunCheckpoint(selected=self.selected, checkpoints=self.checkpoints)
+            for name in self.__dataclass_fields__:
+                setattr(self, name, getattr(fresh, name))
         self.checkpoints += 1
         self.values = list(delta["v"])
         if "sel" in delta:

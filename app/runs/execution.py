@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -24,8 +24,10 @@ from app.db.errors import ConversationNotFoundError
 from app.db.repositories import ConversationRecord, EventRepo, RunRepo
 from app.db.repositories.rows import follow_up_messages
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
+from app.engine.approvals import ApprovalDecision
 from app.engine.events import (
     AnswerDelta,
+    ApprovalRequested,
     EngineEvent,
     IterationDone,
     RunDone,
@@ -37,6 +39,7 @@ from app.engine.hooks import HookRegistry
 from app.engine.state import RunCheckpoint
 from app.llm.base import LLM, ChatMessage
 from app.observability import Metrics, conversation_id_var, run_id_var
+from app.runs.approvals import ApprovalDesk, RunApprovals, approval_policy
 from app.runs.closing import (
     close_row,
     close_with_done,
@@ -47,7 +50,7 @@ from app.runs.follow_ups import DurableInterruptQueue
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent
 from app.streaming.publisher import RunPublisher
-from app.streaming.store import CheckpointRecord, EventPersistError, Fence
+from app.streaming.store import CheckpointRecord, EventPersistError, Fence, HoldClock
 from app.tools.registry import ToolRegistry
 
 log = logging.getLogger("app.runs")
@@ -94,10 +97,14 @@ class ActiveRun:
 
 @dataclass(frozen=True, slots=True)
 class Resume:
-    """Where a new attempt starts: the run's folded checkpoints and the last event they cover."""
+    """Where a new attempt starts: the run's folded checkpoints and the last event they cover,
+    with the decisions on its approvals. ``announce``: a ``resumed`` phase starts the attempt (not
+    when the run only goes on after a person's decision: nothing of it is done again)."""
 
     state: RunCheckpoint
     after: str
+    decisions: Mapping[str, ApprovalDecision] = field(default_factory=dict)
+    announce: bool = True
 
 
 class RunCheckpointer:
@@ -124,12 +131,17 @@ class RunCheckpointer:
         self._values: list[Any] | None = None
         """The scalars of the last checkpoint (``"v"``), to store the usage alone at a hand-over."""
 
+    def wants_full(self) -> bool:
+        return self._publisher.checkpoints_lost
+
     def record(self, delta: dict[str, Any]) -> None:
         self._values = delta.get("v", self._values)
         data = orjson.dumps(delta, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-        record = CheckpointRecord(self._run_id, self._attempt, self._seq, data)
-        if self._queue.position != self._taken:
-            # The follow-ups the checkpoint records as taken leave the queue with it.
+        full = bool(delta.get("full"))
+        record = CheckpointRecord(self._run_id, self._attempt, self._seq, data, full=full)
+        if self._queue.position != self._taken or (full and self._taken is not None):
+            # The follow-ups the checkpoint records as taken leave the queue with it (again, with a
+            # whole-state checkpoint: the one that took them may be the one the store lost).
             self._taken = self._queue.position
             record = replace(record, follow_ups_through=self._taken)
         self._publisher.checkpoint(record)
@@ -192,8 +204,12 @@ class Executor:
         released: Any,
         active: dict[str, ActiveRun],
         cancel_local: Callable[[ActiveRun, CancelReason], None],
+        approvals: ApprovalDesk,
     ) -> None:
         self.settings = settings
+        self.approvals = approvals
+        self.hold = HoldClock()
+        """When the heartbeat last confirmed this worker's leases (the fences of its attempts)."""
         self.runs = runs
         self.events = events
         self.bus = bus
@@ -227,7 +243,7 @@ class Executor:
             on_published=self._count_published,
             permanent_store_errors=(ConversationNotFoundError,),
             store_before_bus=self.settings.redis_url is None,
-            fence=Fence(run_id, attempt, self.worker_id, self.settings.run_lease_s),
+            fence=Fence(run_id, attempt, self.worker_id, self.settings.run_lease_s, hold=self.hold),
             on_lost=on_lost,
         )
 
@@ -290,17 +306,26 @@ class Executor:
                 active.iterations = max(active.iterations, event.iteration)
             elif isinstance(event, IterationDone):
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
+            elif isinstance(event, ApprovalRequested):
+                # Stored before it is announced: a decision made as soon as a client sees it finds it.
+                event = await self.approvals.store_request(
+                    event,
+                    run_id=active.run_id,
+                    conversation_id=active.conversation_id,
+                    owner=conversation.owner,
+                )
             await publisher.publish(event)
 
         if resume is not None:
             queue = self.interrupt_queue(active.conversation_id, resume.state.follow_up_position())
         else:
             queue = self.interrupt_queue(active.conversation_id, seen=seen)
+        hooks = self.hooks()
+        policy = approval_policy(self.settings, conversation)
+        if policy is not None:
+            hooks.add_pre(policy)
         agent = ReActAgent(
-            self.llm,
-            self._tools_for(conversation),
-            agent_config(self.settings, conversation),
-            self.hooks(),
+            self.llm, self._tools_for(conversation), agent_config(self.settings, conversation), hooks
         )
         checkpointer = RunCheckpointer(
             publisher,
@@ -314,9 +339,11 @@ class Executor:
         status: str
         error: str | None = None
         try:
-            if resume is not None:
+            if resume is not None and resume.announce:
                 await publisher.publish(RunResumed(active.attempt, resume.after))
                 log.info("run resumed", extra={"worker": self.worker_id, "attempt": active.attempt})
+            elif resume is not None:
+                log.info("run goes on after its approvals", extra={"worker": self.worker_id})
             else:
                 log.info("run started", extra={"worker": self.worker_id})
             result = await agent.run(
@@ -331,6 +358,15 @@ class Executor:
                 checkpointer=checkpointer,
                 resume=resume.state if resume is not None else None,
                 elapsed_before=time.monotonic() - active.started,
+                approvals=(
+                    RunApprovals(
+                        active.run_id,
+                        self.settings.approval_timeout_s,
+                        resume.decisions if resume is not None else {},
+                    )
+                    if (conversation.agent_config or {}).get("ask_approvals", True)
+                    else None
+                ),
             )
             status = result.status
             error = result.error
@@ -339,6 +375,10 @@ class Executor:
             if task is not None:
                 task.uncancel()
             status, error = "cancelled", "cancelled by the user"
+            if active.cancel_reason is None:
+                # Nobody asked for it: the process is tearing down its tasks. The run goes on
+                # elsewhere, it is not the user's cancel.
+                active.cancel_reason = "handover"
         except Exception as exc:
             log.exception("run crashed")
             status, error = "failed", f"internal error: {type(exc).__name__}"
@@ -352,6 +392,11 @@ class Executor:
             elif active.cancel_reason == "handover":
                 checkpointer.record_usage(active.usage, resume.state.values if resume is not None else None)
                 await self._hand_over(active, publisher)
+            elif result is not None and result.status == "waiting" and active.cancel_reason is None:
+                if not await self._park(active, publisher):
+                    await self._finish(
+                        active, publisher, queue, None, [], "cancelled", "cancelled by the user"
+                    )
             else:
                 await self._finish(active, publisher, queue, result, engine_done, status, error)
         except ConversationNotFoundError:
@@ -394,6 +439,30 @@ class Executor:
             await self.released.request(active.run_id)
         except Exception as exc:
             log.warning("could not announce the released run", extra={"error": repr(exc)})
+
+    async def _park(self, active: ActiveRun, publisher: RunPublisher) -> bool:
+        """The run waits for a person (RUNS.md A-02): its events and checkpoints stored, its row
+        let go, held by no worker. False if its user cancelled it meanwhile (close it then)."""
+        with contextlib.suppress(EventPersistError):  # logged by the publisher
+            # (A request whose checkpoint the store lost is asked again by the next attempt,
+            # under the same approval id.)
+            await publisher.flush_store()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(publisher.flush(), timeout=2.0)
+        parked = await self.approvals.park(active.run_id, active.attempt, self.worker_id)
+        if parked == "cancelled":
+            return False
+        if parked == "lost":
+            log.warning("run was no longer held by this worker when it stopped to wait")
+            await publisher.discard()
+        elif parked == "released":
+            # Every decision came in while it was parking: it goes on at once, on some worker.
+            try:
+                await self.released.request(active.run_id)
+            except Exception as exc:  # the claim loops find it on their next pass
+                log.warning("could not announce the run that goes on", extra={"error": repr(exc)})
+        log.info("run waits for approval", extra={"parked": parked})
+        return True
 
     async def _finish(
         self,

@@ -17,18 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.db.errors import RunActiveError
 from app.db.models import ACTIVE_STATUSES
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueueFullError
 from app.errors import FollowUpQueueFullError, NoActiveRunError, RunActiveConflict, ShuttingDownError
 from app.llm.base import LLM, ChatMessage
 from app.observability import Metrics
+from app.runs.approvals import ApprovalDesk
 from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues
 from app.runs.takeover import Takeover
 from app.settings import Settings
@@ -59,6 +62,7 @@ class RunManager:
         metrics: Metrics,
         worker_id: str,
         hooks: Callable[[], HookRegistry],
+        approvals: ApprovalRepo,
         leases: RunRepo | None = None,
         released_signal: Any = None,
     ) -> None:
@@ -92,6 +96,7 @@ class RunManager:
             released=self.released_signal,
             active=self._active,
             cancel_local=self._cancel_local,
+            approvals=ApprovalDesk(approvals, metrics),
         )
         self.takeover = Takeover(
             settings=settings,
@@ -128,15 +133,23 @@ class RunManager:
             self._claims.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._claims
-        pending = [a.task for a in self._active.values() if a.task is not None]
-        if pending:
-            log.info("shutdown: waiting for active runs", extra={"runs": len(pending)})
-            _, still = await asyncio.wait(pending, timeout=self.settings.shutdown_grace_s)
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while True:
+            # Looked at again after each wait: a run whose start was under way joins them late.
+            pending = [a.task for a in self._active.values() if a.task is not None and not a.task.done()]
+            if not pending:
+                break
+            left = deadline - time.monotonic()
+            if left > 0:
+                log.info("shutdown: waiting for active runs", extra={"runs": len(pending)})
+                await asyncio.wait(pending, timeout=left)
+                continue
             for active in list(self._active.values()):
-                if active.task is not None and active.task in still:
+                if active.task is not None and not active.task.done():
                     self._cancel_local(active, "handover")
-            if still:
-                await asyncio.wait(still, timeout=HANDOVER_WAIT_S)
+            await asyncio.wait(pending, timeout=HANDOVER_WAIT_S)
+            break
+        await self._release_unattended()
         for task in self._background:
             task.cancel()
         for task in self._background:
@@ -146,6 +159,20 @@ class RunManager:
         for signal in (self.cancel_signal, self.released_signal):
             with contextlib.suppress(Exception):
                 await signal.close()
+
+    async def _release_unattended(self) -> None:
+        """Runs this worker holds with no attempt at work here (a claim cut short by the shutdown)
+        go to another worker now, not when their leases run out."""
+        try:
+            for run in await self.runs.running_of_worker(self.worker_id):
+                if run.id not in self._active and await self.runs.release(
+                    run.id, run.attempt, self.worker_id
+                ):
+                    log.info("shutdown: released a run held with no attempt", extra={"run_id": run.id})
+                    with contextlib.suppress(Exception):
+                        await self.released_signal.request(run.id)
+        except Exception as exc:
+            log.warning("shutdown: could not release the runs held here", extra={"error": repr(exc)})
 
     @property
     def accepting(self) -> bool:
@@ -238,7 +265,11 @@ class RunManager:
         if local is not None and local.attempt == run.attempt:
             self._cancel_local(local, "user")
             return run
-        await self.cancel_signal.request(run.id)
+        try:
+            await self.cancel_signal.request(run.id)
+        except Exception as exc:
+            # The cancel is on the run's row: its holder's heartbeat sees it there.
+            log.warning("could not signal the cancel", extra={"error": repr(exc)})
         latest = await self.runs.get_any(run.id)
         if latest is not None and latest.status == "running" and latest.id not in self._active:
             try:

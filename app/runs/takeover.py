@@ -17,7 +17,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -45,16 +45,28 @@ log = logging.getLogger("app.runs")
 
 CLAIM_INTERVAL_S = 2.0
 """Longest pause between two looks for runs to take over (a released run is announced at once)."""
+PRUNE_INTERVAL_S = 60.0
+CHECKPOINTS_KEPT_S = 600.0
+"""A finished run's checkpoints are deleted this long after it finished (nothing reads them)."""
+EFFECTS_KEPT_S = 7 * 86400.0
+"""Tool effects (idempotency records) are kept at least this long, and twice APPROVAL_TIMEOUT_S."""
 
 
 def local_host() -> str:
-    """This host as worker ids name it: its name and its process id namespace (containers that
-    share a host name, with network_mode host say, do not share their process ids)."""
+    """This host as worker ids name it: its name, its boot (two machines, or VMs, of the same
+    name are two hosts) and its process id namespace (containers that share a host name, with
+    network_mode host say, do not share their process ids; the root namespace has the same
+    number on every machine, hence the boot)."""
     try:
         namespace = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
         namespace = "-"
-    return f"{socket.gethostname()}/{namespace}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip().replace("-", "")[:12] or "-"
+    except OSError:
+        boot = "-"
+    return f"{socket.gethostname()}/{boot}/{namespace}"
 
 
 def new_worker_id() -> str:
@@ -134,8 +146,9 @@ class Takeover:
         self.cancel_local = cancel_local
         self._wake = asyncio.Event()
         self._local_prefix = f"{local_host()}:"
-        self._taking: set[str] = set()
-        """Runs being claimed right now (held here, not yet in ``active``)."""
+        self._taking: dict[str, int] = {}
+        """Runs being claimed right now (held here, not yet in ``active``), with how many claims
+        of each are under way (a cancel may take over a run that the claim loop is taking)."""
 
     def wake(self) -> None:
         """Look for runs to take over now (a worker released one)."""
@@ -154,9 +167,13 @@ class Takeover:
         # its row is committed, so these are in the query's view, while a run started during the
         # round trip may not be.
         checked = list(self.active)
+        asked_at = time.monotonic()
         try:
             await self.leases.renew_leases(checked, self.worker_id, self.settings.run_lease_s)
             ours = {run.id: run for run in await self.leases.running_of_worker(self.worker_id)}
+            # The leases held at ``asked_at`` run at least a lease from then: the attempts' writes
+            # need no fence until half of that has passed (store.Fence).
+            self.executor.hold.confirm(asked_at)
         except Exception as exc:
             # An outage is expected now and then: its error is enough, a traceback every pass is not.
             log.warning(
@@ -187,10 +204,14 @@ class Takeover:
 
     async def claim_loop(self) -> None:
         interval = min(CLAIM_INTERVAL_S, max(self.settings.run_lease_s / 3, 0.05))
+        pruned_at = time.monotonic()
         while True:
             self._wake.clear()
             try:
                 await self.claim_once()
+                if time.monotonic() - pruned_at > PRUNE_INTERVAL_S:
+                    pruned_at = time.monotonic()
+                    await self.prune()
             except Exception as exc:
                 log.warning(
                     "looking for runs to take over failed",
@@ -200,10 +221,23 @@ class Takeover:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=interval)
 
+    async def prune(self) -> int:
+        """Delete the checkpoints of runs that finished a while ago, and old tool effects."""
+        now = utcnow()
+        keep_effects = max(EFFECTS_KEPT_S, 2 * self.settings.approval_timeout_s)
+        gone = await self.runs.prune(
+            now - timedelta(seconds=CHECKPOINTS_KEPT_S), now - timedelta(seconds=keep_effects)
+        )
+        if gone:
+            log.info("pruned what finished runs no longer need", extra={"rows": gone})
+        return gone
+
     async def claim_once(self) -> int:
         """Take over every run that no live worker holds; returns how many this worker took."""
         if not self.accepting():
             return 0
+        # Approvals nobody decided in time are denials now (A-04): their runs go on, below.
+        await self.executor.approvals.expire_due()
         taken = 0
         # Workers of this host whose process is gone: their runs need not wait for their leases.
         gone = [
@@ -214,19 +248,32 @@ class Takeover:
         for run in await self.runs.claimable(self.worker_id, held_by=gone):
             if not self.accepting():
                 break
-            if run.id not in self.active and await self.take_over(run):
-                taken += 1
+            if run.id in self.active:
+                continue
+            try:
+                if await self.take_over(run):
+                    taken += 1
+            except Exception as exc:
+                # One run that cannot be taken over (an outage, a bug) must not keep the others
+                # from being taken: on to the next.
+                log.warning(
+                    "could not take over a run",
+                    exc_info=not database_unreachable(exc),
+                    extra={"run_id": run.id, "error": repr(exc)},
+                )
         return taken
 
     async def take_over(self, run: RunRecord, now: datetime | None = None) -> bool:
         """Claim ``run`` (as read) if no live worker holds it, then carry it on from its last
         checkpoint, or close it if it was cancelled or its attempts keep dying. False if it is
         held, or another worker was first."""
-        self._taking.add(run.id)
+        self._taking[run.id] = self._taking.get(run.id, 0) + 1
         try:
             return await self._take_over(run, now)
         finally:
-            self._taking.discard(run.id)
+            left = self._taking.pop(run.id) - 1
+            if left:
+                self._taking[run.id] = left
 
     async def _release_quietly(self, run: RunRecord) -> None:
         try:
@@ -242,15 +289,22 @@ class Takeover:
         holder_dead = not released and not expired and local_process_gone(run.worker_id or "")
         if not (released or expired or holder_dead):
             return False
-        restored: list[tuple[RunCheckpoint, str | None]] = []
-
-        def snapshot(rows: list[CheckpointRow]) -> CheckpointRow | None:
+        # Read and folded before the claim, outside its transaction (on SQLite that holds the one
+        # write lock). What the last attempt may still write after this read counts for nothing:
+        # it no longer holds the run (it released it, died, or let its lease run out, and then
+        # its writes are fenced), and a new attempt reads only its own checkpoints.
+        rows = await self.runs.checkpoints(run.id, run.attempt)
+        after = rows[-1].after if rows else None
+        unreadable: str | None = None
+        try:
             state = RunCheckpoint.fold(_deltas(rows))
-            after = rows[-1].after if rows else None
-            restored.append((state, after))
-            if state.empty:
-                return None
-            return CheckpointRow(0, after, orjson.dumps(state.encode()).decode())
+            first = (
+                CheckpointRow(0, after, orjson.dumps(state.encode()).decode()) if not state.empty else None
+            )
+        except Exception as exc:
+            log.exception("could not read a run's checkpoints", extra={"run_id": run.id})
+            state, first = RunCheckpoint(), None
+            unreadable = f"its checkpoints could not be read ({type(exc).__name__}); the run cannot go on"
 
         claimed = await self.runs.claim(
             run,
@@ -258,11 +312,10 @@ class Takeover:
             self.settings.run_lease_s,
             lost=not released,
             holder_dead=holder_dead,
-            snapshot=snapshot,
+            first=first,
         )
         if claimed is None:
             return False
-        state, after = restored[-1]
         log.info(
             "took over a run",
             extra={
@@ -274,7 +327,9 @@ class Takeover:
             },
         )
         try:
-            if claimed.cancel_requested:
+            if unreadable is not None:
+                await self.close_unheld(claimed, state, "failed", unreadable)
+            elif claimed.cancel_requested:
                 await self.close_unheld(claimed, state, "cancelled", "cancelled by the user")
             elif claimed.lost_attempts >= self.settings.run_max_attempts:
                 error = (
@@ -286,9 +341,10 @@ class Takeover:
                 await self._resume(claimed, state, after or claimed.start_cursor, lost=not released)
         except BaseException:
             # Not carried on, not closed (an outage, mostly): let it go at once for the next pass
-            # of any worker, rather than hold it here until the lease runs out.
+            # of any worker, rather than hold it here until the lease runs out. It counts as a
+            # lost attempt: a run that fails this way every time ends after RUN_MAX_ATTEMPTS.
             with contextlib.suppress(Exception):
-                await self.runs.release(claimed.id, claimed.attempt, self.worker_id)
+                await self.runs.release(claimed.id, claimed.attempt, self.worker_id, lost=True)
             raise
         return True
 
@@ -306,14 +362,17 @@ class Takeover:
             usage=state.usage(),
             iterations=state.iterations(),
         )
-        self.metrics.runs_resumed.labels("lost" if lost else "handover").inc()
+        decisions = await self.executor.approvals.decisions(run.id)
+        # A run that waited for a person goes on from where it stopped: nothing is done again.
+        announce = lost or not state.undecided()
+        self.metrics.runs_resumed.labels("lost" if lost else "handover" if announce else "approval").inc()
         self.executor.launch(
             active,
             conversation,
             run.message,
             history,
             await self.last_cursor(run.conversation_id),
-            Resume(state, after),
+            Resume(state, after, decisions, announce),
         )
 
     async def last_cursor(self, conversation_id: str) -> str:

@@ -200,6 +200,11 @@ class RunPublisher:
         self._writer.stored_elsewhere(stored.id)
         self._queue_event(stored)
 
+    @property
+    def checkpoints_lost(self) -> bool:
+        """Some checkpoint was not stored, and no whole-state one since: the next must be whole."""
+        return self._writer.checkpoints_lost
+
     def checkpoint(self, record: CheckpointRecord) -> None:
         """Queue ``record`` for the store, after every event published so far (those still
         waiting for the bus are stored now and stay queued for it): a checkpoint is never stored
@@ -249,7 +254,7 @@ class RunPublisher:
         ``flush_store``, which also reports what an earlier outage cost."""
         dropped = self._writer.dropped
         await self._flush_store()
-        if self._writer.dead or self._writer.dropped != dropped:
+        if self._writer.dead or self._writer.dropped != dropped or self._writer.checkpoints_lost:
             raise self._writer.error or EventPersistError(f"events of run {self.run_id} were not stored")
         # Stored, and by the attempt that holds the run: a tool that must not run twice may start.
         await self._writer.check_held()
@@ -417,6 +422,7 @@ class RunPublisher:
                 elif self._store_before_bus:
                     await self._writer.caught_up_unless_failing()
             try:
+                await self._writer.confirm_if_stale()
                 if not self._bus_given_up:
                     await self._send(batch)
             finally:

@@ -6,8 +6,9 @@ The database implements ``EventStore`` (``app.db.repositories.EventRepo``); ``Ru
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.streaming.bus import StoredEvent
@@ -26,6 +27,8 @@ class CheckpointRecord:
     follow_ups_through: int | None = None
     """The run took the conversation's follow-ups up to this id: stored with the checkpoint, they
     are deleted from its queue."""
+    full: bool = False
+    """The whole state, not what changed: what follows a checkpoint the store lost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,25 @@ class Fence:
     attempt: int
     worker_id: str
     lease_s: float
+    hold: HoldClock | None = field(default=None, compare=False)
+    """When this worker last confirmed that it holds its runs: once that is older than half a
+    lease, every write of the attempt is fenced (a worker that stalled may have lost the run)."""
+
+    def stale(self) -> bool:
+        return self.hold is not None and self.hold.stale(self.lease_s)
+
+
+class HoldClock:
+    """When a worker's heartbeat last renewed its leases (on the monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.confirmed_at = time.monotonic()
+
+    def confirm(self, at: float) -> None:
+        self.confirmed_at = max(self.confirmed_at, at)
+
+    def stale(self, lease_s: float) -> bool:
+        return time.monotonic() - self.confirmed_at > lease_s / 2
 
 
 class EventStore(Protocol):

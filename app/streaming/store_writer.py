@@ -12,6 +12,7 @@ bus then gets nothing more either. The bus side (sending, merging deltas) stays 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -48,7 +49,8 @@ def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
     last = checkpoints[-1]
     taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
     data = "[" + ",".join(c.data for c in checkpoints) + "]"
-    return [replace(last, data=data, follow_ups_through=max(taken) if taken else None)]
+    full = any(c.full for c in checkpoints)
+    return [replace(last, data=data, follow_ups_through=max(taken) if taken else None, full=full)]
 
 
 class StoreWriter:
@@ -111,6 +113,9 @@ class StoreWriter:
         (clients keep getting the run live through a database outage)."""
         self.dropped = 0
         """Batches given up after ``retry_s``."""
+        self.checkpoints_lost = False
+        """A dropped batch held checkpoints, and no whole-state checkpoint was stored since: the
+        stored ones do not fold into the run's state until one is."""
         self.task: asyncio.Task[None] | None = None
 
     # ---- the publisher's side --------------------------------------------------------------
@@ -223,6 +228,23 @@ class StoreWriter:
             self._mark_lost(AttemptLostError(f"attempt {self._fence.attempt} of {self.run_id} lost the run"))
             raise self.error  # type: ignore[misc]
 
+    async def confirm_if_stale(self) -> None:
+        """When this worker has not confirmed its leases for a while (it stalled), make sure the
+        attempt still holds the run before more of it goes out; a store that does not answer
+        cannot tell, and the events go on (an outage is not a lost run)."""
+        if self._fence is None or self.dead or not self._fence.stale():
+            return
+        with contextlib.suppress(AttemptLostError):  # marked lost: the publisher stops sending
+            try:
+                await self.check_held()
+            except AttemptLostError:
+                raise
+            except Exception as exc:
+                if not self.failing:  # an outage says so once, from the saves
+                    log.warning(
+                        "could not confirm that the attempt holds its run", extra={"error": repr(exc)}
+                    )
+
     async def _store_loop(self) -> None:
         try:
             await self._store_forever()
@@ -268,9 +290,12 @@ class StoreWriter:
         attempt = 0
         while True:
             try:
-                if self._fence is not None and any(c.follow_ups_through is not None for c in checkpoints):
+                if self._fence is not None and (
+                    self._fence.stale() or any(c.follow_ups_through is not None for c in checkpoints)
+                ):
                     # Taking follow-ups off the queue is for the attempt that holds the run only: a
-                    # stalled one must not delete what its successor is still to take.
+                    # stalled one must not delete what its successor is still to take. And a
+                    # worker that has not confirmed its leases for a while may have lost the run.
                     await self._store.save(self.conversation_id, events, checkpoints, self._fence)
                 elif checkpoints:
                     await self._store.save(self.conversation_id, events, checkpoints)
@@ -314,6 +339,8 @@ class StoreWriter:
                     self.down = True
                     self.failing = True
                     self.dropped += 1
+                    if checkpoints:
+                        self.checkpoints_lost = True
                     del self._queued[: len(batch)]
                     return
                 log.warning(
@@ -330,5 +357,7 @@ class StoreWriter:
             if self.down:
                 log.info("event store answers again", extra=self._context)
                 self.down = False
+            if any(c.full for c in checkpoints):
+                self.checkpoints_lost = False
             del self._queued[: len(batch)]
             return

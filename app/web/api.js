@@ -104,6 +104,16 @@ export class ApiClient {
     return this.request("POST", `/api/conversations/${encodeURIComponent(id)}/cancel`);
   }
 
+  /** A person's decision on an approval: {decision: "approve"|"deny", reason?, tool_args?}. */
+  decide(conversationId, approvalId, body) {
+    const path = `/api/conversations/${encodeURIComponent(conversationId)}/approvals/${encodeURIComponent(approvalId)}`;
+    return this.request("POST", path, body);
+  }
+
+  pendingApprovals() {
+    return this.request("GET", "/api/approvals?status=pending");
+  }
+
   runEvents(runId) {
     return this.request("GET", `/api/runs/${encodeURIComponent(runId)}/events`);
   }

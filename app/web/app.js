@@ -11,7 +11,9 @@
 
 import { ApiClient, ApiError } from "./api.js";
 import { renderMarkdown } from "./markdown.js";
+import { renderInbox } from "./approvals.js";
 import { RunView, el } from "./run_view.js";
+import { clearSnapshot, flushSnapshot, loadSnapshot, scheduleSnapshot } from "./snapshots.js";
 import { StreamHttpError, followStream } from "./sse.js";
 
 const $ = (id) => document.getElementById(id);
@@ -21,6 +23,8 @@ const dom = {
   list: $("conversation-list"),
   listEmpty: $("list-empty"),
   loadMore: $("load-more"),
+  inbox: $("inbox-section"),
+  inboxList: $("inbox-list"),
   newConversation: $("new-conversation"),
   title: $("chat-title"),
   runPill: $("run-pill"),
@@ -41,9 +45,6 @@ const dom = {
   keyReason: $("api-key-reason"),
   toast: $("toast"),
 };
-
-const SNAPSHOT_PREFIX = "agentstream.stream.";
-const SNAPSHOT_DELAY_MS = 150;
 
 const state = {
   conversations: [],
@@ -175,6 +176,18 @@ async function refreshList() {
     renderList();
   } catch (err) {
     reportError(err);
+  }
+  refreshInbox();
+}
+
+/** The pending approvals of every conversation (RUNS.md A-05), above the conversation list. */
+async function refreshInbox() {
+  try {
+    const items = (await api.pendingApprovals())?.items ?? [];
+    renderInbox(dom.inboxList, items);
+    dom.inbox.hidden = items.length === 0;
+  } catch {
+    // The inbox is a convenience: the conversations and their cards still show every approval.
   }
 }
 
@@ -367,50 +380,20 @@ function finishedRun(runId) {
 // ---------------------------------------------------------------------------------------------
 // Following a run's stream
 
-function snapshotKey(conversationId) {
-  return SNAPSHOT_PREFIX + conversationId;
-}
-
-function loadSnapshot(conversationId) {
-  try {
-    return JSON.parse(sessionStorage.getItem(snapshotKey(conversationId)) ?? "null");
-  } catch {
-    return null;
-  }
-}
-
-function clearSnapshot(conversationId) {
-  sessionStorage.removeItem(snapshotKey(conversationId));
-}
-
-function flushSnapshot(conversationId, run) {
-  clearTimeout(run.snapshotTimer);
-  run.snapshotTimer = null;
-  if (run.view.finished) {
-    clearSnapshot(conversationId);
-    return;
-  }
-  const snapshot = { runId: run.id, lastId: run.view.lastId, events: run.view.events };
-  try {
-    sessionStorage.setItem(snapshotKey(conversationId), JSON.stringify(snapshot));
-  } catch {
-    // Storage full: without a snapshot a reload streams the run from its start, which is also correct.
-    clearSnapshot(conversationId);
-  }
-}
-
-function scheduleSnapshot(conversationId, run) {
-  if (run.snapshotTimer) return;
-  run.snapshotTimer = setTimeout(() => flushSnapshot(conversationId, run), SNAPSHOT_DELAY_MS);
-}
-
 window.addEventListener("pagehide", () => {
   const run = state.current?.run;
   if (run) flushSnapshot(state.current.id, run);
 });
 
 async function attachRun(current, runId, { resume }) {
-  const view = new RunView({ runId });
+  const view = new RunView({
+    runId,
+    onDecide: async (approvalId, body) => {
+      const answer = await api.decide(current.id, approvalId, body);
+      refreshInbox();
+      return answer;
+    },
+  });
   const run = { id: runId, view, abort: new AbortController(), snapshotTimer: null };
   current.run = run;
   dom.welcome.remove();
@@ -437,6 +420,7 @@ async function attachRun(current, runId, { resume }) {
       onEvent: (ev) => {
         if (view.handle(ev)) {
           if (ev.event === "inject") dom.hint.textContent = "";
+          if (ev.event === "approval") refreshInbox();
           view.setConnection("live");
           scheduleSnapshot(current.id, run);
           scrollIfFollowing();

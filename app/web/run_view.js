@@ -7,6 +7,7 @@
  * attempt drew after the checkpoint is greyed out and the answer starts again.
  */
 
+import { approvalCard } from "./approvals.js";
 import { attemptBadgeText, markLostAfter, resumedSeparator, trackEvent } from "./attempts.js";
 import { renderMarkdown } from "./markdown.js";
 
@@ -48,9 +49,15 @@ function plural(n, word) {
 const ANSWER_RENDER_DELAY_MS = 40;
 
 export class RunView {
-  /** runId: the run these events belong to (others are ignored), or null to take it from the first event. */
-  constructor({ runId = null } = {}) {
+  /**
+   * runId: the run these events belong to (others are ignored), or null to take it from the first
+   * event. onDecide(approvalId, body): posts a person's decision on an approval (none: the cards
+   * of a finished run show the outcome only).
+   */
+  constructor({ runId = null, onDecide = null } = {}) {
     this.runId = runId;
+    this.onDecide = onDecide;
+    this.approvalCards = new Map();
     this.seen = new Set();
     this.events = [];
     this.lastId = null;
@@ -135,6 +142,9 @@ export class RunView {
         );
         this.setStatus("Taking your follow-up into account…");
         break;
+      case "approval":
+        this.onApproval(data);
+        break;
       case "done":
         this.onDone(data);
         break;
@@ -142,6 +152,28 @@ export class RunView {
         break;
     }
     return true;
+  }
+
+  /** A call waits for a person (RUNS.md A-02), or their decision is in (A-03, A-04). */
+  onApproval(data) {
+    let card = this.approvalCards.get(data.approval_id);
+    if (data.status === "requested") {
+      if (card) {
+        // Asked again by a later attempt of the run: the card there already stands for it.
+        trackEvent(card.root, this.currentId);
+        return;
+      }
+      const decide = (body) =>
+        this.onDecide ? this.onDecide(data.approval_id, body) : Promise.reject(new Error("This run is over."));
+      card = approvalCard(data, decide);
+      this.approvalCards.set(data.approval_id, card);
+      this.append(card.root);
+      this.setStatus(`Waiting for your approval of ${data.tool_name ?? "a tool call"}…`);
+      return;
+    }
+    if (!card) return;
+    card.settle(data.status, data.reason, data.status === "approved" ? data.tool_args : undefined);
+    this.setStatus(data.status === "approved" ? `Running ${data.tool_name ?? "the approved call"}…` : "Thinking…");
   }
 
   describePhase(data) {

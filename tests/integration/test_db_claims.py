@@ -39,13 +39,21 @@ def keep_last(rows: list[CheckpointRow]) -> CheckpointRow | None:
     return CheckpointRow(0, rows[-1].after, rows[-1].data) if rows else None
 
 
+async def claim_keeping_last(
+    runs: RunRepo, run: RunRecord, worker_id: str, *, lost: bool, holder_dead: bool = False
+) -> RunRecord | None:
+    """A claim as the takeover makes it: the last attempt's checkpoints read first."""
+    first = keep_last(await runs.checkpoints(run.id, run.attempt))
+    return await runs.claim(run, worker_id, 30, lost=lost, holder_dead=holder_dead, first=first)
+
+
 async def test_of_two_workers_claiming_one_run_exactly_one_wins(
     runs: RunRepo, conv: ConversationRecord
 ) -> None:
     run = await expired_run(runs, conv)
 
     claims = await asyncio.gather(
-        *(runs.claim(run, f"w{i}", 30, lost=True, snapshot=keep_last) for i in range(4))
+        *(claim_keeping_last(runs, run, f"w{i}", lost=True) for i in range(4))
     )
 
     won = [c for c in claims if c is not None]
@@ -55,15 +63,15 @@ async def test_of_two_workers_claiming_one_run_exactly_one_wins(
     stored = await runs.get_any(run.id)
     assert stored is not None and stored.worker_id == claimed.worker_id and stored.attempt == 2
     # As read before the claim, the run is no longer claimable (another attempt holds it).
-    assert await runs.claim(run, "late", 30, lost=True, snapshot=keep_last) is None
+    assert await claim_keeping_last(runs, run, "late", lost=True) is None
 
 
 async def test_a_held_lease_cannot_be_claimed_unless_its_holder_is_known_dead(
     runs: RunRepo, conv: ConversationRecord
 ) -> None:
     run, _ = await runs.start(conv.id, "alice", "q", worker_id="alive", lease_s=300, start_cursor="0-0")
-    assert await runs.claim(run, "w", 30, lost=True, snapshot=keep_last) is None
-    claimed = await runs.claim(run, "w", 30, lost=True, holder_dead=True, snapshot=keep_last)
+    assert await claim_keeping_last(runs, run, "w", lost=True) is None
+    claimed = await claim_keeping_last(runs, run, "w", lost=True, holder_dead=True)
     assert claimed is not None and claimed.worker_id == "w"
 
 
@@ -76,7 +84,7 @@ async def test_a_released_run_is_claimed_without_counting_a_lost_attempt(
     released = await runs.get_any(run.id)
     assert released is not None and (released.worker_id, released.lease_expires_at) == (None, None)
 
-    claimed = await runs.claim(released, "w", 30, lost=False, snapshot=keep_last)
+    claimed = await claim_keeping_last(runs, released, "w", lost=False)
 
     assert claimed is not None and (claimed.attempt, claimed.lost_attempts) == (2, 0)
 
@@ -90,7 +98,7 @@ async def test_the_claim_stores_the_new_attempts_first_checkpoint_and_ignores_la
         data = orjson.dumps({"n": seq}).decode()
         await events.save(conv.id, [], [CheckpointRecord(run.id, 1, seq, data, after=f"{seq + 1}-0")])
 
-    claimed = await runs.claim(run, "w", 30, lost=True, snapshot=keep_last)
+    claimed = await claim_keeping_last(runs, run, "w", lost=True)
     assert claimed is not None
     # The old attempt goes on writing (it stalled; it does not know yet): nobody reads that.
     await events.save(conv.id, [], [CheckpointRecord(run.id, 1, 3, '{"n": 3}', after="9-0")])
@@ -101,7 +109,7 @@ async def test_the_claim_stores_the_new_attempts_first_checkpoint_and_ignores_la
 
 async def test_an_attempt_that_lost_the_run_cannot_close_it(runs: RunRepo, conv: ConversationRecord) -> None:
     run = await expired_run(runs, conv)
-    claimed = await runs.claim(run, "w", 30, lost=True, snapshot=keep_last)
+    claimed = await claim_keeping_last(runs, run, "w", lost=True)
     assert claimed is not None
 
     def close(attempt: int) -> object:
@@ -128,7 +136,7 @@ async def test_a_cancel_asked_for_between_attempts_is_kept_on_the_run(
 ) -> None:
     run = await expired_run(runs, conv)
     assert await runs.request_cancel(run.id)
-    claimed = await runs.claim(run, "w", 30, lost=True, snapshot=keep_last)
+    claimed = await claim_keeping_last(runs, run, "w", lost=True)
     assert claimed is not None and claimed.cancel_requested
 
 
@@ -170,7 +178,7 @@ async def test_an_attempt_that_lost_the_run_can_store_no_event_or_checkpoint_and
     held = await runs.get_any(run.id)
     assert held is not None and held.lease_expires_at is not None  # the save renewed the lease
 
-    claimed = await runs.claim(run, "w2", 30, lost=True, holder_dead=True, snapshot=keep_last)
+    claimed = await claim_keeping_last(runs, run, "w2", lost=True, holder_dead=True)
     assert claimed is not None
     taken = CheckpointRecord(run.id, 1, 0, "{}", after="6-0", follow_ups_through=first_id)
     with pytest.raises(AttemptLostError):

@@ -29,6 +29,7 @@ from app.api.schemas import (
 from app.container import Services
 from app.db.repositories import ConversationRecord, decode_page_cursor
 from app.errors import InvalidInputError, NoActiveRunError, NotFoundError
+from app.runs.approvals import approval_item
 
 router = APIRouter(tags=["conversations"])
 
@@ -64,6 +65,9 @@ async def create_conversation(
     body = body or ConversationCreate()
     agent = body.agent.model_dump(exclude_none=True) if body.agent else {}
     unknown = [name for name in agent.get("tools", []) if name not in services.tools]
+    unknown += [
+        name for name in agent.get("require_approval", []) if name != "*" and name not in services.tools
+    ]
     if unknown:
         raise InvalidInputError(f"unknown tools: {', '.join(unknown)}; see GET /api/tools")
     conv = await services.conversations.create(owner, body.title or "New conversation", agent)
@@ -111,11 +115,15 @@ async def get_conversation(
     conv = await owned_conversation(services, owner, conversation_id)
     messages = await services.conversations.messages(conv.id)
     active = await services.runs.active(conv.id)
+    pending = (
+        await services.approvals.pending(conversation_id=conv.id) if services.approvals is not None else []
+    )
     base = conversation_out(conv)
     return ConversationDetail(
         **base.model_dump(),
         messages=[message_out(m) for m in messages],
         active_run_id=active.id if active else None,
+        pending_approvals=[approval_item(a) for a in pending],
     )
 
 

@@ -540,7 +540,10 @@ async def get_model(model_id: str, _owner: OwnerDep) -> dict[str, Any]:
 async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, owner: OwnerDep) -> Response:
     chat = chat_input(body)
     title = title_from(chat.question)
-    agent = {"system_prompt": chat.instructions} if chat.instructions else {}
+    # Nobody can approve a call here: one that needs approval does not run, and the model is told.
+    agent: dict[str, Any] = {"ask_approvals": False}
+    if chat.instructions:
+        agent["system_prompt"] = chat.instructions
     conversation, run = await services.manager.start_in_new_conversation(
         owner, title, agent, chat.question, prior=chat.prior
     )

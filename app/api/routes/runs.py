@@ -10,6 +10,7 @@ from app.api.schemas import EventOut, RunOut, error_responses, is_resource_id
 from app.container import Services
 from app.db.repositories import RunRecord
 from app.errors import NotFoundError
+from app.runs.approvals import approval_item
 
 router = APIRouter(tags=["runs"])
 ERRORS = error_responses(401, 404, 422)
@@ -24,7 +25,9 @@ async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
 
 @router.get("/api/runs/{run_id}", response_model=RunOut, responses=ERRORS)
 async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
-    return run_out(await owned_run(services, owner, run_id), services.extras["llm"].model_name)
+    run = await owned_run(services, owner, run_id)
+    pending = await services.approvals.pending(run_ids=[run.id]) if services.approvals is not None else []
+    return run_out(run, services.extras["llm"].model_name, [approval_item(a) for a in pending])
 
 
 @router.get("/api/runs/{run_id}/events", response_model=list[EventOut], responses=ERRORS)

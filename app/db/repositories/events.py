@@ -17,6 +17,7 @@ from app.db.models import Run, RunEvent, utcnow
 from app.db.repositories.rows import (
     _EVENTS_AFTER,
     _LAST_EVENT_ID,
+    FINAL_STATUSES,
     _checkpoints,
     _delete_follow_ups,
     _event_cursor,
@@ -49,7 +50,23 @@ async def _fence(session: AsyncSession, fenced: list[_PendingSave]) -> list[_Pen
             .returning(Run.id, Run.attempt)
         )
         held.update((row.id, row.attempt) for row in result)
+    missing = {
+        p.fence.run_id
+        for p in fenced
+        if p.fence is not None and (p.fence.run_id, p.fence.attempt) not in held
+    }
+    if missing:
+        held.update(await _closed_by(session, missing))
     return [p for p in fenced if p.fence is not None and (p.fence.run_id, p.fence.attempt) not in held]
+
+
+async def _closed_by(session: AsyncSession, run_ids: set[str]) -> list[tuple[str, int]]:
+    """Of ``run_ids``, the runs that are closed, with the attempt that held them last: an attempt
+    that closed its run itself did not lose it (what it still sends after its done is its own)."""
+    rows = await session.execute(
+        select(Run.id, Run.attempt).where(Run.id.in_(sorted(run_ids)), Run.status.in_(sorted(FINAL_STATUSES)))
+    )
+    return [(row.id, row.attempt) for row in rows]
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -211,7 +228,8 @@ class EventRepo:
         return lost
 
     async def holds_run(self, fence: Fence) -> bool:
-        """Whether ``fence``'s attempt still holds its run; renews its lease if so."""
+        """Whether ``fence``'s attempt still holds its run (or closed it itself); renews its lease
+        if it holds it."""
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
                 update(Run)
@@ -223,7 +241,9 @@ class EventRepo:
                 )
                 .values(lease_expires_at=utcnow() + timedelta(seconds=fence.lease_s))
             )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+            if result.rowcount:  # type: ignore[attr-defined]
+                return True
+            return (fence.run_id, fence.attempt) in await _closed_by(session, {fence.run_id})
 
     async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
         """Up to ``limit`` events with a cursor greater than ``after``, oldest first."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
-from sqlalchemy import bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,6 +20,7 @@ from app.db.models import (
     FollowUp,
     Message,
     Run,
+    ToolEffect,
     utcnow,
 )
 from app.db.repositories.rows import (
@@ -77,9 +78,6 @@ class CheckpointRow:
     data: str
 
 
-Snapshot = Callable[[list[CheckpointRow]], CheckpointRow | None]
-"""Given the checkpoints of a run's last attempt, the one checkpoint (seq 0) its new attempt starts
-from, or None when there is nothing to carry on."""
 _SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
 
 
@@ -313,15 +311,16 @@ class RunRepo:
         *,
         lost: bool,
         holder_dead: bool = False,
-        snapshot: Snapshot,
+        first: CheckpointRow | None = None,
     ) -> RunRecord | None:
         """Take ``run`` for a new attempt on ``worker_id`` if it is still as the caller saw it (same
         attempt, same holder, and, unless ``holder_dead``, a lease that ran out); None if another
         worker took it first or its holder came back.
 
         ``lost``: its last attempt died (RUNS.md R-07 counts it). In the same transaction the new
-        attempt's first checkpoint is stored: ``snapshot`` of the last attempt's checkpoints as
-        they are now, so that what that attempt may still write later counts for nothing.
+        attempt's first checkpoint is stored: ``first``, the state the last attempt's checkpoints
+        fold into (the caller read them), so that what that attempt may still write later counts
+        for nothing.
         """
         now = utcnow()
         condition = [Run.id == run.id, Run.status == "running", Run.attempt == run.attempt]
@@ -346,8 +345,6 @@ class RunRepo:
             if not result.rowcount:  # type: ignore[attr-defined]
                 return None
             claimed = _run_record((await session.execute(_RUN, {"b_id": run.id})).one())
-            rows = await session.execute(_CHECKPOINTS, {"b_run": run.id, "b_attempt": run.attempt})
-            first = snapshot([CheckpointRow(row.seq, row.after, row.data) for row in rows])
             if first is not None:
                 await session.execute(
                     insert(_checkpoints),
@@ -367,9 +364,10 @@ class RunRepo:
             rows = await session.execute(_CHECKPOINTS, {"b_run": run_id, "b_attempt": attempt})
             return [CheckpointRow(row.seq, row.after, row.data) for row in rows]
 
-    async def release(self, run_id: str, attempt: int, worker_id: str) -> bool:
+    async def release(self, run_id: str, attempt: int, worker_id: str, *, lost: bool = False) -> bool:
         """Let the run go (a worker that stops hands it over, RUNS.md R-08): it stays running, held
-        by nobody, for any worker to claim at once. False if ``attempt`` no longer holds it."""
+        by nobody, for any worker to claim at once. False if ``attempt`` no longer holds it.
+        ``lost``: the attempt failed (it counts toward RUN_MAX_ATTEMPTS, R-07)."""
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
                 update(Run)
@@ -379,7 +377,11 @@ class RunRepo:
                     Run.attempt == attempt,
                     Run.worker_id == worker_id,
                 )
-                .values(worker_id=None, lease_expires_at=None)
+                .values(
+                    worker_id=None,
+                    lease_expires_at=None,
+                    lost_attempts=Run.lost_attempts + (1 if lost else 0),
+                )
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -420,6 +422,27 @@ class RunRepo:
                 query = query.where(Message.seq < first)
             rows = await session.scalars(query.order_by(Message.seq))
             return [_message_record(row).to_chat_message() for row in rows]
+
+    async def prune(self, finished_before: datetime, effects_before: datetime, *, limit: int = 500) -> int:
+        """Delete what finished runs no longer need: the checkpoints of runs that finished before
+        ``finished_before`` and the tool effects recorded before ``effects_before`` (RUNS.md R-05,
+        R-12: a key is only asked again by an attempt of a run that is still active). Returns how
+        many rows went."""
+        done = (
+            select(Run.id)
+            .where(Run.status.in_(sorted(FINAL_STATUSES)), Run.finished_at < finished_before)
+            .where(exists().where(_checkpoints.c.run_id == Run.id))
+            .limit(limit)
+        )
+        async with self._sessionmaker.begin() as session:
+            runs = list(await session.scalars(done))
+            gone = 0
+            if runs:
+                result = await session.execute(delete(_checkpoints).where(_checkpoints.c.run_id.in_(runs)))
+                gone += result.rowcount  # type: ignore[attr-defined]
+            result = await session.execute(delete(ToolEffect).where(ToolEffect.created_at < effects_before))
+            gone += result.rowcount  # type: ignore[attr-defined]
+        return int(gone)
 
     async def running_of_worker(self, worker_id: str) -> list[RunRecord]:
         return await self._all(

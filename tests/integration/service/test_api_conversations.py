@@ -39,7 +39,7 @@ def test_create_without_a_body_then_read_it_back(stack_api: Api) -> None:
     assert isinstance(created["id"], str) and created["id"]
     assert created["title"]
     assert created["agent"] == {}
-    assert detail == {**created, "messages": [], "active_run_id": None}
+    assert detail == {**created, "messages": [], "active_run_id": None, "pending_approvals": []}
 
 
 def test_create_with_title_and_agent_spec_keeps_both(alice: Api) -> None:

@@ -1,0 +1,26 @@
+"""Tool arguments checked against the tool's JSON Schema (a person's edit of a call's arguments,
+RUNS.md A-03: refused with 422 before it can reach the tool)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+
+def argument_errors(schema: Mapping[str, Any], args: Mapping[str, Any], *, limit: int = 5) -> list[str]:
+    """What is wrong with ``args`` for a tool whose parameters ``schema`` describes: at most
+    ``limit`` messages, each naming where (empty: they fit). A schema that is itself invalid
+    checks nothing (the tool validates its own arguments)."""
+    try:
+        validator = Draft202012Validator(dict(schema))
+        errors = sorted(validator.iter_errors(dict(args)), key=lambda e: list(e.absolute_path))
+    except SchemaError:
+        return []
+    out: list[str] = []
+    for error in errors[:limit]:
+        where = "/".join(str(p) for p in error.absolute_path)
+        out.append(f"{where}: {error.message}" if where else error.message)
+    return out
