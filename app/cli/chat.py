@@ -6,10 +6,12 @@ detaching never stops the run, it keeps going on the server and can be followed 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.cli.client import ApiClient, ApiError, CliError, StreamFollower
 from app.cli.render import Renderer
@@ -88,6 +90,8 @@ class ChatSession:
                 with closing(follower.events()) as events:
                     for event in events:
                         self._renderer.handle(event)
+                        if event.event == "approval" and event.data.get("status") == "requested":
+                            self._ask_approval(conversation_id, event.data)
             except KeyboardInterrupt:
                 self._renderer.break_line()
                 if cancel_requested or not self._prompt.interactive:
@@ -112,6 +116,45 @@ class ChatSession:
             self._renderer.info("no run to follow in this conversation")
             return EXIT_OK
         return EXIT_OK if status == "completed" else EXIT_RUN_NOT_COMPLETED
+
+    def _ask_approval(self, conversation_id: str, data: dict[str, Any]) -> None:
+        """A call waits for a person (RUNS.md A-07): ask at the prompt, or say how to answer."""
+        approval_id = str(data.get("approval_id", ""))
+        if not self._prompt.interactive:
+            self._renderer.info(
+                f"  answer with: agentstream approve {approval_id}"
+                f"  |  agentstream deny {approval_id} --reason ..."
+            )
+            return
+        while True:
+            try:
+                answer = self._prompt.ask("  approve? [y]es / [n]o / [e]dit arguments: ").strip().lower()
+            except (EOFError, KeyboardInterrupt):
+                self._renderer.info(f"  not decided; answer later with: agentstream approve {approval_id}")
+                return
+            try:
+                if answer in {"y", "yes"}:
+                    self._client.decide(conversation_id, approval_id, "approve")
+                elif answer in {"n", "no"}:
+                    reason = self._prompt.ask("  reason (optional): ").strip()
+                    self._client.decide(conversation_id, approval_id, "deny", reason=reason or None)
+                elif answer in {"e", "edit"}:
+                    edited = json.loads(self._prompt.ask("  arguments as JSON: "))
+                    if not isinstance(edited, dict):
+                        raise ValueError("the arguments must be a JSON object")
+                    self._client.decide(conversation_id, approval_id, "approve", tool_args=edited)
+                else:
+                    continue
+                return
+            except (ValueError, EOFError) as exc:
+                self._renderer.info(f"  {exc}; try again")
+            except ApiError as exc:
+                if exc.status == 409:
+                    self._renderer.info(f"  {exc.message}")
+                    return
+                if exc.status != 422:
+                    raise
+                self._renderer.info(f"  {exc.message}; try again")
 
     def _request_cancel(self, conversation_id: str) -> None:
         try:

@@ -109,6 +109,29 @@ class ApiClient:
     def cancel(self, conversation_id: str) -> None:
         self.request("POST", f"/api/conversations/{_seg(conversation_id)}/cancel")
 
+    def decide(
+        self,
+        conversation_id: str,
+        approval_id: str,
+        decision: str,
+        *,
+        reason: str | None = None,
+        tool_args: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A person's decision on an approval (RUNS.md A-03)."""
+        body: dict[str, Any] = {"decision": decision}
+        if reason:
+            body["reason"] = reason
+        if tool_args is not None:
+            body["tool_args"] = tool_args
+        path = f"/api/conversations/{_seg(conversation_id)}/approvals/{_seg(approval_id)}"
+        return self._object(self.request("POST", path, json=body))
+
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        body = self._object(self.request("GET", "/api/approvals", params={"status": "pending"}))
+        items = body.get("items")
+        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._object(self.request("GET", f"/api/runs/{_seg(run_id)}"))
 

@@ -117,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("conversation_id", metavar="CONVERSATION_ID")
     cancel.set_defaults(handler=cmd_cancel)
 
+    approvals = commands.add_parser(
+        "approvals", parents=[remote, as_json], help="list the tool calls that wait for your approval"
+    )
+    approvals.set_defaults(handler=cmd_approvals)
+    approve = commands.add_parser("approve", parents=[remote], help="approve a tool call that waits for you")
+    approve.add_argument("approval_id", metavar="APPROVAL_ID")
+    approve.add_argument("--args", metavar="JSON", help="run it with these arguments instead (a JSON object)")
+    approve.add_argument(
+        "--conversation", metavar="CONVERSATION_ID", help="its conversation (found if omitted)"
+    )
+    approve.set_defaults(handler=cmd_decide, decision="approve")
+    deny = commands.add_parser("deny", parents=[remote], help="deny a tool call that waits for you")
+    deny.add_argument("approval_id", metavar="APPROVAL_ID")
+    deny.add_argument("--reason", metavar="TEXT", help="why (the agent reads it)")
+    deny.add_argument("--conversation", metavar="CONVERSATION_ID", help="its conversation (found if omitted)")
+    deny.set_defaults(handler=cmd_decide, decision="deny")
+
     runs = commands.add_parser("runs", parents=[remote, as_json], help="show one run")
     runs.add_argument("run_id", metavar="RUN_ID")
     runs.add_argument("--events", action="store_true", help="print the run's stored events")
@@ -198,6 +215,52 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         except ApiError as exc:
             raise _no_active_run(exc, args.conversation_id, "cancel") from None
     print(f"cancel requested for conversation {args.conversation_id}")
+    return 0
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        items = client.pending_approvals()
+    if args.json:
+        for item in items:
+            print(json.dumps(item, ensure_ascii=False))
+        return 0
+    if not items:
+        print("nothing waits for your approval")
+    for item in items:
+        args_text = json.dumps(item.get("tool_args", {}), ensure_ascii=False)
+        print(f"{item.get('approval_id')}  {item.get('tool_name')} {args_text}")
+        print(f"    conversation {item.get('conversation_id')}, expires {item.get('expires_at')}")
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    tool_args = None
+    if getattr(args, "args", None):
+        try:
+            tool_args = json.loads(args.args)
+        except ValueError as exc:
+            raise CliError(f"--args is not JSON: {exc}") from None
+        if not isinstance(tool_args, dict):
+            raise CliError("--args must be a JSON object")
+    with _client(args) as client:
+        conversation_id = args.conversation
+        if conversation_id is None:
+            found = [a for a in client.pending_approvals() if a.get("approval_id") == args.approval_id]
+            if not found:
+                raise CliError(
+                    f"no pending approval {args.approval_id} of yours (decided already? "
+                    "see `agentstream approvals`)"
+                )
+            conversation_id = str(found[0]["conversation_id"])
+        body = client.decide(
+            conversation_id,
+            args.approval_id,
+            args.decision,
+            reason=getattr(args, "reason", None),
+            tool_args=tool_args,
+        )
+    print(f"{body.get('status')}: {args.approval_id} (run {body.get('run_id')})")
     return 0
 
 

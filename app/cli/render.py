@@ -89,6 +89,8 @@ class HumanRenderer:
                 )
             case "inject":
                 self._line(f"· injected: {data.get('content', '')}")
+            case "approval":
+                self._approval(data)
             case "done":
                 self._done(data)
             case _:
@@ -96,6 +98,20 @@ class HumanRenderer:
 
     def info(self, text: str) -> None:
         self._line(text)
+
+    def _approval(self, data: dict[str, Any]) -> None:
+        status = data.get("status")
+        if status == "requested":
+            args = json.dumps(data.get("tool_args", {}), ensure_ascii=False)
+            self._line(
+                f"⏸ waiting for approval: {data.get('tool_name', '?')} {args}  [{data.get('approval_id')}]"
+            )
+            return
+        mark = {"approved": "✓ approved", "denied": "✗ denied", "expired": "⌛ expired"}.get(
+            str(status), str(status)
+        )
+        reason = f": {data['reason']}" if data.get("reason") else ""
+        self._line(f"  {mark}{reason}")
 
     def break_line(self) -> None:
         if self._mid_line:

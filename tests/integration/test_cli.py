@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +29,11 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``python -m uvicorn app.main:create_app --factory`` on a free port, stopped after the module."""
-    tmp = tmp_path_factory.mktemp("cli-server")
+    yield from serve(tmp_path_factory.mktemp("cli-server"))
+
+
+def serve(tmp: Path, **settings: str) -> Iterator[Server]:
+    """The demo service on a free port with ``settings`` as environment variables."""
     port = free_port()
     env = {
         **os.environ,
@@ -37,6 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "LLM_BASE_URL": "",
         "REDIS_URL": "",
         "API_KEYS": f"alice:{KEY}",
+        **settings,
     }
     command = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1"]
     log_path = tmp / "server.log"

@@ -102,6 +102,12 @@ class FakeServer:
             return httpx.Response(201, json={"id": "c1", "title": None})
         if request.method == "POST" and path.endswith("/runs"):
             return httpx.Response(202, json={"run_id": "r1", "conversation_id": "c1", "status": "running"})
+        if request.method == "POST" and "/approvals/" in path:
+            decision = json.loads(request.content)["decision"]
+            status = "approved" if decision == "approve" else "denied"
+            return httpx.Response(
+                200, json={"approval_id": path.rsplit("/", 1)[1], "status": status, "run_id": "r1"}
+            )
         if request.method == "POST" and path.endswith("/cancel"):
             if self.cancel_status == 409:
                 return httpx.Response(409, json={"error": {"code": "no_active_run", "message": "no run"}})
@@ -390,3 +396,59 @@ def test_json_mode_prints_every_event_as_a_json_line() -> None:
     assert [e["id"] for e in events] == ["1-0", "1-1", "1-2", "1-3", "1-4", "1-5", "1-6"]
     assert events[-1]["event"] == "done"
     assert events[-1]["data"]["answer"] == "It is 391."
+
+
+APPROVAL_RUN = [
+    sse(
+        "1-0",
+        "approval",
+        status="requested",
+        approval_id="apr_1",
+        call_id="call_1_0",
+        tool_name="calculator",
+        tool_args={"expression": "17*23"},
+        iteration=1,
+        expires_at="2026-12-04T00:00:00+00:00",
+    ),
+    sse(
+        "1-1", "approval", status="approved", approval_id="apr_1", reason=None, tool_args={"expression": "1"}
+    ),
+    done_event("1-2", "It is 1."),
+]
+
+
+@pytest.mark.parametrize(
+    ("answers", "body"),
+    [
+        (["y"], {"decision": "approve"}),
+        (["maybe", "no", "not now"], {"decision": "deny", "reason": "not now"}),
+        (["n", ""], {"decision": "deny"}),
+        (["e", "[1]", "e", '{"expression": "1"}'], {"decision": "approve", "tool_args": {"expression": "1"}}),
+    ],
+    ids=["approve", "deny-with-reason", "deny", "edit"],
+)
+def test_chat_asks_at_the_prompt_when_a_call_waits_for_approval(
+    answers: list[str], body: dict[str, Any]
+) -> None:
+    server = FakeServer(streams=[list(APPROVAL_RUN)])
+    s = make_session(server, interactive=True, answers=answers)
+
+    code = s.session.chat("what is 17*23?")
+
+    assert code == EXIT_OK
+    (decision,) = [r for r in server.requests if "/approvals/" in r.url.path]
+    assert decision.url.path == "/api/conversations/c1/approvals/apr_1"
+    assert json.loads(decision.content) == body
+    out = s.out.getvalue()
+    assert "waiting for approval: calculator" in out and "approve? [y]es" in out
+
+
+def test_chat_without_a_terminal_says_how_to_answer_and_keeps_following() -> None:
+    server = FakeServer(streams=[list(APPROVAL_RUN)])
+    s = make_session(server, interactive=False)
+
+    assert s.session.chat("what is 17*23?") == EXIT_OK
+
+    assert not [r for r in server.requests if "/approvals/" in r.url.path]
+    out = s.out.getvalue()
+    assert "agentstream approve apr_1" in out and "✓ approved" in out
