@@ -1,7 +1,9 @@
 """Leases and takeovers in one service (RUNS.md R-03, R-07, R-11): a run left ``running`` by a worker
 that is gone is carried on here, with the follow-ups posted meanwhile; one whose attempts keep dying
 is closed as failed with its done naming them; a worker's heartbeat never takes its own new run for
-one another worker holds; a run another worker closed is stopped here."""
+one another worker holds; a run another worker closed is stopped here; a run that cannot be taken
+over keeps no other from it, one whose checkpoints cannot be read fails; shutdown lets go of a run
+held here with no attempt."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from app.db.errors import EventIdTakenError
-from app.db.repositories import EventRepo, RunRepo
+from app.db.repositories import EventRepo, RunRecord, RunRepo
 from app.db.session import Database
 from app.streaming.bus import StoredEvent
 from app.streaming.store import CheckpointRecord
@@ -315,3 +317,129 @@ def test_a_run_cancelled_while_no_worker_holds_it_ends_cancelled_when_it_is_take
     assert agent.requests == []  # not carried on: no model call
     assert api.run(run_id)["status"] == "cancelled"
     assert api.cancel(conv).status_code == 409
+
+
+def stored_run(database_url: str, run_id: str) -> RunRecord:
+    """The run's row as stored now."""
+
+    async def read() -> RunRecord:
+        db = Database(database_url)
+        try:
+            run = await RunRepo(db.sessionmaker).get_any(run_id)
+            assert run is not None
+            return run
+        finally:
+            await db.dispose()
+
+    return run_in_own_loop(read)
+
+
+def test_a_run_that_cannot_be_taken_over_does_not_keep_the_others_from_being_taken_over(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first run the claim loop finds breaks every attempt to carry it on (here its history
+    cannot be read): the loop goes on to the next run, and each failed take-over lets the broken
+    run go as a lost attempt (R-07), so that it cannot go on failing for ever."""
+    agent = gated_llm.play(GatedAgent(tokens=3))
+    broken: list[str] = []
+    history_before = RunRepo.history_before
+
+    async def history_failing_for_the_broken_run(self: RunRepo, run: RunRecord) -> list[Any]:
+        if run.id in broken:
+            raise RuntimeError("this run's history cannot be read")
+        return await history_before(self, run)
+
+    monkeypatch.setattr(RunRepo, "history_before", history_failing_for_the_broken_run)
+    api = clients(start_service(redis=False, run_lease_s=SERVICE_LEASE_S, run_max_attempts=100).base_url)
+    broken_conv, good_conv = api.create_conversation(), api.create_conversation()
+    # Left first, so every pass of the claim loop finds it first.
+    broken.append(leave_a_run_of_a_dead_worker(migrated_database_url, broken_conv))
+    good = leave_a_run_of_a_dead_worker(migrated_database_url, good_conv)
+
+    assert api.wait_finished(good)["status"] == "completed"
+    done = api.wait_stored(good)[-1]["data"]
+    assert (done["status"], done["answer"]) == ("completed", agent.answer)
+    # The broken run was claimed again and again, each failed attempt counted as lost.
+    run = wait_until(
+        lambda: (r := stored_run(migrated_database_url, broken[0])).lost_attempts >= 3 and r,
+        timeout=15,
+        what="the broken run's failed take-overs to be counted",
+    )
+    assert run.status == "running" and run.attempt >= 3
+    assert run.lost_attempts == run.attempt or run.lost_attempts == run.attempt - 1
+    assert api.events(broken[0]) == []
+
+
+def test_a_run_whose_checkpoints_cannot_be_read_is_closed_failed_with_its_done(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+) -> None:
+    agent = gated_llm.play(GatedAgent(tokens=3))
+    api = clients(start_service(redis=False, run_lease_s=SERVICE_LEASE_S).base_url)
+    conv = api.create_conversation()
+    run_id = leave_a_run_of_a_dead_worker(migrated_database_url, conv)
+
+    async def save_garbage() -> None:
+        db = Database(migrated_database_url)
+        try:
+            record = CheckpointRecord(run_id, 1, 0, "not json", after=None)
+            await EventRepo(db.sessionmaker).save(conv, [], [record])
+        finally:
+            await db.dispose()
+
+    run_in_own_loop(save_garbage)
+
+    run = api.wait_finished(run_id)
+    assert run["status"] == "failed"
+    assert "its checkpoints could not be read" in run["error"]
+    stored = api.wait_stored(run_id)
+    assert [e["event"] for e in stored] == ["done"]
+    done = stored[-1]["data"]
+    assert (done["run_id"], done["status"], done["error"]) == (run_id, "failed", run["error"])
+    assert agent.requests == []  # not carried on: no model call
+    with api.stream(conv) as stream:  # and a client that follows the conversation gets that done
+        assert stream.read(until=lambda e: e.event == "done")[-1].data == done
+
+
+def test_shutdown_releases_a_run_this_worker_holds_with_no_attempt_at_work(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[[str], Api],
+    migrated_database_url: str,
+) -> None:
+    """A claim cut short by the shutdown (the row says this worker holds the run, no attempt of it
+    works here): another worker may take it at once, not after its lease."""
+    server = start_service(redis=False)
+    api = clients(server.base_url)
+    conv = api.create_conversation()
+    worker_id = server.services.manager.worker_id
+
+    async def hold_a_run() -> str:
+        db = Database(migrated_database_url)
+        try:
+            async with db.engine.connect() as conn:
+                owner = (
+                    await conn.execute(text("SELECT owner FROM conversations WHERE id = :id"), {"id": conv})
+                ).scalar_one()
+            run, _ = await RunRepo(db.sessionmaker).start(
+                conv, owner, "q", worker_id=worker_id, lease_s=300, start_cursor="0-0"
+            )
+            return run.id
+        finally:
+            await db.dispose()
+
+    run_id = run_in_own_loop(hold_a_run)
+    held = stored_run(migrated_database_url, run_id)
+    assert (held.status, held.worker_id) == ("running", worker_id)
+
+    server.stop()
+
+    released = stored_run(migrated_database_url, run_id)
+    assert (released.status, released.worker_id, released.lease_expires_at) == ("running", None, None)
+    assert released.attempt == 1 and released.lost_attempts == 0

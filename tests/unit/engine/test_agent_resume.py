@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -15,7 +15,7 @@ import pytest
 from app.engine import prompts
 from app.engine.agent import AgentConfig, AgentResult, ReActAgent
 from app.engine.events import AnswerDelta, IterationDone, IterationStarted, Usage
-from app.engine.state import RunCheckpoint
+from app.engine.state import Checkpointer, RunCheckpoint
 from app.llm.base import ChatMessage, ChatResult, StreamEnd, StreamItem, TextDelta, TokenUsage, ToolCall
 from app.tools.registry import Tool, ToolInvocation, ToolRegistry
 from tests.unit.engine.agent_support import EventLog, PushQueue
@@ -318,3 +318,188 @@ async def test_a_keyed_call_runs_only_once_the_reply_that_names_it_is_stored() -
     )
 
     assert checked and all(checked), checked
+
+
+# ---- a whole-state checkpoint after the store lost some ------------------------------------------
+
+
+class RecordingLLM(PlanningLLM):
+    """``PlanningLLM`` that keeps the messages of every loop call and, when the registry is large
+    enough for tool selection, picks both tools (counted in ``selections``)."""
+
+    def __init__(self, *, native: bool) -> None:
+        super().__init__(native=native)
+        self.loop_messages: list[list[ChatMessage]] = []
+        self.selections = 0
+
+    async def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResult:
+        if (messages[0].content or "").startswith("You choose which tools"):
+            self.selections += 1
+            picked = json.dumps({"tools": ["add", "send"]})
+            if self.native:
+                call = ToolCall("pick", "select_tools", picked)
+                return ChatResult(content=None, tool_calls=(call,), usage=TokenUsage(5, 1, 6))
+            return ChatResult(content=picked, usage=TokenUsage(5, 1, 6))
+        self.loop_messages.append(list(messages))
+        return await super().chat(messages, **kwargs)
+
+
+class LossyStore(Store):
+    """A store that loses the checkpoints recorded in ``lose`` (one batch the database never got).
+    With ``whole`` it asks for a whole-state checkpoint once it knows (``wants_full``), as the
+    service's checkpointer does, until it gets one; ``full_rows`` are where those were kept."""
+
+    def __init__(self, lose: range, *, whole: bool) -> None:
+        super().__init__()
+        self.lose = lose
+        self.whole = whole
+        self.recorded = 0
+        self.lost = False
+        self.asked_full: list[int] = []
+        self.full_rows: list[int] = []
+
+    def wants_full(self) -> bool:
+        if self.whole and self.lost:
+            self.asked_full.append(self.recorded)
+            return True
+        return False
+
+    def record(self, delta: dict[str, Any]) -> None:
+        index, self.recorded = self.recorded, self.recorded + 1
+        if delta.get("full"):
+            self.lost = False
+            self.full_rows.append(len(self.rows))
+        if index in self.lose:
+            # The batch is known lost once its last checkpoint is given up.
+            self.lost = self.lost or index == self.lose[-1]
+            return
+        self.rows.append(orjson.dumps(delta))
+
+
+async def run_with(
+    llm: PlanningLLM,
+    store: Store,
+    resume: RunCheckpoint | None = None,
+    *,
+    select: bool = False,
+    tools: Tools | None = None,
+) -> AgentResult:
+    config = AgentConfig(completion_check=False, tool_selection_threshold=1 if select else 12)
+    return await ReActAgent(llm, (tools or Tools()).registry(), config).run(
+        "add things",
+        sink=EventLog(),
+        run_id="run_1",
+        checkpointer=cast(Checkpointer, store),  # wants_full is optional (Journal.checkpoint)
+        resume=resume,
+        usage=resume.usage() if resume is not None else None,
+        interrupts=PushQueue(),
+    )
+
+
+def fold(rows: Sequence[bytes]) -> RunCheckpoint:
+    return RunCheckpoint.fold(orjson.loads(row) for row in rows)
+
+
+def folded_state(state: RunCheckpoint, initial: list[ChatMessage]) -> dict[str, Any]:
+    """What a new attempt starts from, field by field (the messages as the model sees them)."""
+    return {
+        "messages": state.loop_state(initial).messages,
+        "kept": state.kept,
+        "steps": state.steps,
+        "follow_ups": state.follow_ups,
+        "cycles": state.cycles,
+        "call_ids": state.call_ids,
+        "pending": state.pending,
+        "values": state.values,
+        "outcome": state.outcome,
+        "selected": state.selected,
+    }
+
+
+async def reference_rows(native: bool, *, select: bool = False) -> tuple[list[bytes], list[ChatMessage]]:
+    """The checkpoints of a run that lost nothing, and the run's first messages (system, question)."""
+    llm, store = RecordingLLM(native=native), Store()
+    result = await run_with(llm, store, select=select)
+    assert result.status == "completed"
+    return store.rows, llm.loop_messages[0]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "json"])
+async def test_a_whole_state_checkpoint_after_lost_ones_folds_into_the_state_of_a_run_that_lost_none(
+    native: bool,
+) -> None:
+    rows, initial = await reference_rows(native)
+    checkpoints = len(rows)
+    assert checkpoints >= 8
+    assert [m.role for m in initial] == ["system", "user"]
+    expected = folded_state(fold(rows), initial)
+    pending_results = 0
+
+    windows = [range(start, start + size) for size in (1, 2) for start in range(checkpoints - size)]
+    for lose in windows:
+        store = LossyStore(lose, whole=True)
+        result = await run_with(RecordingLLM(native=native), store)
+        assert result.status == "completed", lose
+        # Asked once, for the checkpoint right after the lost batch, and that one holds everything.
+        assert store.asked_full == [lose[-1] + 1], lose
+        (full_row,) = store.full_rows
+        assert len(store.rows) == checkpoints - len(lose)
+        assert folded_state(store.fold(), initial) == expected, lose
+
+        # Stopped right after the whole-state checkpoint: the state is the reference's at that
+        # point, and a new attempt from there ends exactly as one from the reference's.
+        here = fold(store.rows[: full_row + 1])
+        there = fold(rows[: lose[-1] + 2])
+        assert folded_state(here, initial) == folded_state(there, initial), lose
+        pending_results += there.pending is not None and bool(there.pending.results)
+        tools_here, tools_there = Tools(), Tools()
+        resumed = await run_with(RecordingLLM(native=native), Store(), here, tools=tools_here)
+        wanted = await run_with(RecordingLLM(native=native), Store(), there, tools=tools_there)
+        assert resumed.status == wanted.status == "completed", lose
+        assert resumed.answer == wanted.answer == "".join(ANSWER)
+        assert shape(resumed.messages) == shape(wanted.messages), lose
+        assert resumed.iterations == wanted.iterations and resumed.usage == wanted.usage
+        assert [name for name, _ in tools_here.runs] == [name for name, _ in tools_there.runs], lose
+    assert pending_results >= 2  # states holding a reply's calls with some results were compared
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "json"])
+async def test_without_a_whole_state_checkpoint_the_kept_checkpoints_fold_into_another_state(
+    native: bool,
+) -> None:
+    """What the whole-state checkpoint repairs: the deltas kept after a lost batch miss what it
+    held (the checkpointer here never asks for a whole one)."""
+    rows, initial = await reference_rows(native)
+    expected = folded_state(fold(rows), initial)
+    lost_messages = [i for i, row in enumerate(rows[:-1]) if b'"m":' in row]
+    assert lost_messages
+
+    for index in lost_messages:
+        store = LossyStore(range(index, index + 1), whole=False)
+        await run_with(RecordingLLM(native=native), store)
+        assert store.asked_full == [] and store.full_rows == []
+        state = folded_state(store.fold(), initial)
+        assert state["messages"] != expected["messages"], index
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "json"])
+async def test_a_whole_state_checkpoint_says_again_which_tools_selection_kept(native: bool) -> None:
+    rows, initial = await reference_rows(native, select=True)
+    reference = fold(rows)
+    assert reference.selected == ["add", "send"]
+    assert b'"sel"' in rows[0] and all(b'"sel"' not in row for row in rows[1:])
+
+    # The selection's own checkpoint is the one lost: the whole-state one after it names the tools.
+    store = LossyStore(range(0, 1), whole=True)
+    await run_with(RecordingLLM(native=native), store, select=True)
+    (full_row,) = store.full_rows
+    assert full_row == 0 and b'"sel"' in store.rows[0]
+    assert folded_state(store.fold(), initial) == folded_state(reference, initial)
+
+    # A new attempt from there uses that choice: it does not ask the model to select again.
+    llm = RecordingLLM(native=native)
+    resumed = await run_with(llm, Store(), fold(store.rows[:1]), select=True)
+    assert llm.selections == 0
+    assert resumed.status == "completed" and resumed.answer == "".join(ANSWER)
+    expected = await run_with(RecordingLLM(native=native), Store(), select=True)
+    assert shape(resumed.messages) == shape(expected.messages)

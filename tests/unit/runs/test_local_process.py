@@ -43,3 +43,22 @@ def test_a_worker_id_names_this_host_and_process() -> None:
     host, pid, token = new_worker_id().split(":")
     assert (host, pid) == (local_host(), str(os.getpid())) and len(token) == 6
     assert host.startswith(socket.gethostname() + "/")
+
+
+def test_the_host_part_names_this_boot() -> None:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        boot = f.read().strip().replace("-", "")[:12]
+    name, host_boot, namespace = local_host().split("/")
+    assert (name, host_boot) == (socket.gethostname(), boot) and len(boot) == 12
+    assert namespace == str(os.stat("/proc/self/ns/pid").st_ino)
+
+
+def test_a_worker_of_the_same_host_name_and_pid_namespace_but_another_boot_is_not_judged_gone() -> None:
+    """Two machines (or VMs) of the same name both have the root pid namespace's number: a pid
+    that does not exist here says nothing about a process there."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid exists no more on this host
+    name, boot, namespace = local_host().split("/")
+    other_boot = ("0" if boot[0] != "0" else "1") + boot[1:]
+    assert local_process_gone(worker_id(child.pid))
+    assert not local_process_gone(worker_id(child.pid, host=f"{name}/{other_boot}/{namespace}"))
