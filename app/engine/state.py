@@ -35,10 +35,8 @@ class Checkpointer(Protocol):
         not run twice, the record that it started has to survive the worker."""
         ...
 
-    def wants_full(self) -> bool:
-        """The next checkpoint must hold the whole state (the store lost one: what changed since
-        then does not fold into the run's state any more)."""
-        ...
+    # Optionally ``wants_full() -> bool``: the next checkpoint must hold the whole state (the
+    # store lost one, and what changed since then does not fold into the run's state any more).
 
 
 @dataclass(frozen=True, slots=True)

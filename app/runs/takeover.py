@@ -339,12 +339,14 @@ class Takeover:
                 await self.close_unheld(claimed, state, "failed", error)
             else:
                 await self._resume(claimed, state, after or claimed.start_cursor, lost=not released)
-        except BaseException:
+        except BaseException as exc:
             # Not carried on, not closed (an outage, mostly): let it go at once for the next pass
-            # of any worker, rather than hold it here until the lease runs out. It counts as a
-            # lost attempt: a run that fails this way every time ends after RUN_MAX_ATTEMPTS.
+            # of any worker, rather than hold it here until the lease runs out. Unless the
+            # database was away, it counts as a lost attempt: a run that fails this way every
+            # time ends after RUN_MAX_ATTEMPTS.
+            failed = isinstance(exc, Exception) and not database_unreachable(exc)
             with contextlib.suppress(Exception):
-                await self.runs.release(claimed.id, claimed.attempt, self.worker_id, lost=True)
+                await self.runs.release(claimed.id, claimed.attempt, self.worker_id, lost=failed)
             raise
         return True
 

@@ -285,7 +285,14 @@ class StoreWriter:
 
     async def _save(self, batch: list[StoredEvent | CheckpointRecord]) -> None:
         events = [item for item in batch if type(item) is StoredEvent]
-        checkpoints = _merged([item for item in batch if type(item) is CheckpointRecord])
+        records = [item for item in batch if type(item) is CheckpointRecord]
+        if self.checkpoints_lost:
+            # A delta after a lost checkpoint would fold onto a state that lacks what was lost:
+            # until a whole-state checkpoint is stored, the stored ones stop where the loss began
+            # (a new attempt would start from there, as after any crash).
+            first_full = next((i for i, c in enumerate(records) if c.full), len(records))
+            records = records[first_full:]
+        checkpoints = _merged(records)
         first_failure: float | None = None
         attempt = 0
         while True:

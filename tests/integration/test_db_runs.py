@@ -275,13 +275,14 @@ async def test_counts_by_status_counts_every_status_including_zeros(
     database: Database, runs: RunRepo
 ) -> None:
     conversations = ConversationRepo(database.sessionmaker)
-    assert await runs.counts_by_status() == {"running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    zeros = dict.fromkeys(("queued", "running", "waiting", "completed", "failed", "cancelled"), 0)
+    assert await runs.counts_by_status() == zeros
     for status in ("completed", "completed", "failed", None):
         run = await start(runs, await conversations.create("alice", "c", {}))
         if status is not None:
             await finish(runs, run.id, status=status)
 
-    assert await runs.counts_by_status() == {"running": 1, "completed": 2, "failed": 1, "cancelled": 0}
+    assert await runs.counts_by_status() == {**zeros, "running": 1, "completed": 2, "failed": 1}
 
 
 # ---- start and finish in one transaction each -------------------------------------------------
