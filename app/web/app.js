@@ -10,6 +10,7 @@
  */
 
 import { ApiClient, ApiError } from "./api.js";
+import { keyDialog } from "./key_dialog.js";
 import { renderMarkdown } from "./markdown.js";
 import { renderInbox } from "./approvals.js";
 import { RunView, el } from "./run_view.js";
@@ -54,35 +55,20 @@ const state = {
   stickToBottom: true,
 };
 
+const askForKey = keyDialog(
+  {
+    dialog: dom.keyDialog,
+    form: dom.keyForm,
+    input: dom.keyInput,
+    reason: dom.keyReason,
+    cancel: $("api-key-cancel"),
+  },
+  () => api.key,
+);
 const api = new ApiClient({ askForKey });
 
 // ---------------------------------------------------------------------------------------------
 // API key dialog
-
-function askForKey(reason) {
-  return new Promise((resolve) => {
-    dom.keyReason.textContent = reason;
-    dom.keyInput.value = api.key;
-    const finish = (value) => {
-      dom.keyDialog.removeEventListener("close", onClose);
-      dom.keyForm.removeEventListener("submit", onSubmit);
-      $("api-key-cancel").removeEventListener("click", onCancel);
-      if (dom.keyDialog.open) dom.keyDialog.close();
-      resolve(value);
-    };
-    const onSubmit = (event) => {
-      event.preventDefault();
-      finish(dom.keyInput.value.trim() || null);
-    };
-    const onCancel = () => finish(null);
-    const onClose = () => finish(null);
-    dom.keyForm.addEventListener("submit", onSubmit);
-    $("api-key-cancel").addEventListener("click", onCancel);
-    dom.keyDialog.addEventListener("close", onClose);
-    dom.keyDialog.showModal();
-    dom.keyInput.focus();
-  });
-}
 
 $("api-key-clear").addEventListener("click", () => {
   api.key = "";
