@@ -262,7 +262,7 @@ class ToolEffect(Base):
     idempotency_key: Mapped[str] = mapped_column(String(300), primary_key=True)
     owner: Mapped[str] = mapped_column(String(200))
     result: Mapped[str] = mapped_column(StoredText)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
 class Approval(Base):

@@ -502,6 +502,7 @@ class ToolLoop:
         args = dict(decision.tool_args) if decision.tool_args is not None else awaiting.args
         await self.sink(ApprovalDecided(awaiting.approval_id, decision.status, decision.reason, args))
         pending.decided.add(awaiting.call_id)
+        self._checkpoint()
 
     async def _refused(
         self,
@@ -520,6 +521,10 @@ class ToolLoop:
     async def _ask(self, pending: PendingReply, call: PlannedCall, args: dict[str, Any]) -> None:
         """Record ``call`` as waiting for a person, and ask (A-02)."""
         assert self.approvals is not None
+        if self.journal is not None:
+            # As for an idempotency key: the approval is asked for only once the reply that names
+            # the call is stored, so a new attempt asks for this very call, never another one.
+            await self.journal.durable()
         ticket = self.approvals.ticket(call.call_id, call.tool_name, args, pending.iteration)
         awaiting = AwaitingCall(
             call.call_id, ticket.approval_id, ticket.expires_at, call.tool_name, args, pending.iteration

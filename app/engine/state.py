@@ -266,6 +266,7 @@ class Journal:
         self._decided = len(state.pending.decided) if restored and state.pending else 0
         self.selected: list[str] | None = None
         """The tools selection kept, if it ran: a whole-state checkpoint says it again."""
+        self._usage: Usage | None = None
 
     def start(self, initial_messages: int) -> None:
         """The loop begins with ``initial_messages`` messages that need no recording."""
@@ -277,10 +278,17 @@ class Journal:
     def checkpoint(self, usage: Usage, **extra: Any) -> None:
         """Record what changed, with ``extra`` (``outcome=``, ``selected=``) as given; the whole
         state when the checkpointer asks for it."""
-        wants_full = getattr(self._checkpointer, "wants_full", None)
-        if wants_full is None or not wants_full():
+        self._usage = usage
+        if self._wants_full():
+            self._record_full(usage, **extra)
+        else:
             self._checkpointer.record(self.delta(usage, **extra))
-            return
+
+    def _wants_full(self) -> bool:
+        wants_full = getattr(self._checkpointer, "wants_full", None)
+        return wants_full is not None and bool(wants_full())
+
+    def _record_full(self, usage: Usage, **extra: Any) -> None:
         self._forget()
         if self.selected is not None and "selected" not in extra:
             extra["selected"] = self.selected
@@ -298,6 +306,10 @@ class Journal:
         self._results = self._started = self._awaiting = self._decided = 0
 
     async def durable(self) -> None:
+        if self._usage is not None and self._wants_full():
+            # The store lost a checkpoint: what is stored does not hold the run's state until a
+            # whole-state checkpoint is, and that is what must survive the worker now.
+            self._record_full(self._usage)
         await self._checkpointer.durable()
 
     def delta(self, usage: Usage, **extra: Any) -> dict[str, Any]:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
+
+import orjson
 
 from app.db.models import utcnow
 from app.db.repositories.approvals import ApprovalRecord, ApprovalRepo, NewApproval, ParkResult
@@ -29,9 +32,14 @@ log = logging.getLogger("app.runs")
 audit_log = logging.getLogger("app.audit")
 
 
-def approval_id(run_id: str, call_id: str) -> str:
-    """The id of a call's approval: the same for every attempt that asks for it."""
-    return "apr_" + hashlib.sha256(f"{run_id}:{call_id}".encode()).hexdigest()[:32]
+APPROVAL_ID = re.compile(r"apr_[0-9a-f]{32}")
+
+
+def approval_id(run_id: str, call_id: str, tool_name: str, tool_args: Mapping[str, Any]) -> str:
+    """The id of a call's approval: the same for every attempt that asks for the same call (its
+    id, tool and arguments), never the same for another call."""
+    args = orjson.dumps(dict(tool_args), option=orjson.OPT_SORT_KEYS).decode()
+    return "apr_" + hashlib.sha256(f"{run_id}\0{call_id}\0{tool_name}\0{args}".encode()).hexdigest()[:32]
 
 
 def required_tools(settings: Settings, conversation: ConversationRecord) -> list[str]:
@@ -67,7 +75,8 @@ class RunApprovals:
     def ticket(
         self, call_id: str, tool_name: str, tool_args: Mapping[str, Any], iteration: int
     ) -> ApprovalTicket:
-        return ApprovalTicket(approval_id(self._run_id, call_id), (utcnow() + self._timeout).isoformat())
+        ticket_id = approval_id(self._run_id, call_id, tool_name, tool_args)
+        return ApprovalTicket(ticket_id, (utcnow() + self._timeout).isoformat())
 
     def decision(self, call_id: str) -> ApprovalDecision | None:
         return self._decisions.get(call_id)
@@ -83,9 +92,11 @@ class ApprovalDesk:
 
     async def store_request(
         self, event: ApprovalRequested, *, run_id: str, conversation_id: str, owner: str
-    ) -> ApprovalRequested:
+    ) -> ApprovalRequested | None:
         """Store the request ``event`` announces; returns the event as the stored approval has it
-        (an approval a previous attempt stored keeps its expiry)."""
+        (an approval a previous attempt stored keeps its expiry), or None when that approval is
+        decided already (an attempt whose record of the request was lost asks again: the run
+        parks and goes on at once, with the decision)."""
         new = NewApproval(
             id=event.approval_id,
             run_id=run_id,
@@ -98,6 +109,8 @@ class ApprovalDesk:
             expires_at=datetime.fromisoformat(event.expires_at),
         )
         stored = await while_unreachable(lambda: self.repo.request(new))
+        if stored.status != "pending":
+            return None
         self.metrics.approvals_requested.inc()
         audit_log.info(
             "approval requested",

@@ -308,12 +308,15 @@ class Executor:
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
             elif isinstance(event, ApprovalRequested):
                 # Stored before it is announced: a decision made as soon as a client sees it finds it.
-                event = await self.approvals.store_request(
+                stored = await self.approvals.store_request(
                     event,
                     run_id=active.run_id,
                     conversation_id=active.conversation_id,
                     owner=conversation.owner,
                 )
+                if stored is None:
+                    return  # decided already: announced once, when it was asked for
+                event = stored
             await publisher.publish(event)
 
         if resume is not None:

@@ -228,6 +228,7 @@ class Takeover:
         gone = await self.runs.prune(
             now - timedelta(seconds=CHECKPOINTS_KEPT_S), now - timedelta(seconds=keep_effects)
         )
+        gone += await self.executor.approvals.repo.close_orphans()
         if gone:
             log.info("pruned what finished runs no longer need", extra={"rows": gone})
         return gone

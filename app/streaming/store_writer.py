@@ -53,6 +53,11 @@ def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
     return [replace(last, data=data, follow_ups_through=max(taken) if taken else None, full=full)]
 
 
+CONFIRM_BACKOFF_S = 2.0
+"""After a check of the attempt's hold that could not tell (the store did not answer), the bus goes
+on this long before the next check."""
+
+
 class StoreWriter:
     """Saves one run's events and checkpoints to ``store``, in order, in batches of up to
     ``batch``. Apart from the run's first events and unless ``urgent()`` says otherwise, it waits
@@ -114,6 +119,7 @@ class StoreWriter:
         self.dropped = 0
         """Batches given up after ``retry_s``."""
         self.checkpoints_lost = False
+        self._confirm_after = 0.0
         """A dropped batch held checkpoints, and no whole-state checkpoint was stored since: the
         stored ones do not fold into the run's state until one is."""
         self.task: asyncio.Task[None] | None = None
@@ -234,12 +240,15 @@ class StoreWriter:
         cannot tell, and the events go on (an outage is not a lost run)."""
         if self._fence is None or self.dead or not self._fence.stale():
             return
+        if time.monotonic() < self._confirm_after:
+            return  # the last check could not tell (an outage): the bus goes on meanwhile
         with contextlib.suppress(AttemptLostError):  # marked lost: the publisher stops sending
             try:
                 await self.check_held()
             except AttemptLostError:
                 raise
             except Exception as exc:
+                self._confirm_after = time.monotonic() + CONFIRM_BACKOFF_S
                 if not self.failing:  # an outage says so once, from the saves
                     log.warning(
                         "could not confirm that the attempt holds its run", extra={"error": repr(exc)}

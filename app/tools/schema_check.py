@@ -17,7 +17,8 @@ def argument_errors(schema: Mapping[str, Any], args: Mapping[str, Any], *, limit
     try:
         validator = Draft202012Validator(dict(schema))
         errors = sorted(validator.iter_errors(dict(args)), key=lambda e: list(e.absolute_path))
-    except SchemaError:
+    except (SchemaError, ValueError, TypeError, LookupError):
+        # An invalid or unusual schema (unknown type, bad pattern...): the tool checks its own.
         return []
     out: list[str] = []
     for error in errors[:limit]:

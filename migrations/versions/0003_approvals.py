@@ -127,21 +127,27 @@ def upgrade() -> None:
     op.create_index("ix_approvals_conversation_id", "approvals", ["conversation_id"])
     op.create_index("ix_approvals_owner_status_created_at", "approvals", ["owner", "status", "created_at"])
     op.create_index("ix_approvals_status_expires_at", "approvals", ["status", "expires_at"])
+    # Old tool effects are pruned by age (app/runs/takeover.py).
+    op.create_index("ix_tool_effects_created_at", "tool_effects", ["created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_tool_effects_created_at", table_name="tool_effects")
+    # The previous version knows no waiting or queued run, and would run a call that a person
+    # denied (it reads no decision): every active run that asked for an approval ends as failed.
+    op.execute(
+        sa.text(
+            "UPDATE runs SET status = 'failed', error = 'the service was downgraded while the run "
+            "waited for an approval', worker_id = NULL, lease_expires_at = NULL, "
+            "finished_at = CURRENT_TIMESTAMP WHERE status IN ('queued', 'waiting') "
+            "OR (status = 'running' AND id IN (SELECT run_id FROM approvals))"
+        )
+    )
     op.drop_index("ix_approvals_status_expires_at", table_name="approvals")
     op.drop_index("ix_approvals_owner_status_created_at", table_name="approvals")
     op.drop_index("ix_approvals_conversation_id", table_name="approvals")
     op.drop_index("ix_approvals_run_id", table_name="approvals")
     op.drop_table("approvals")
-    # The previous version knows no waiting or queued run: such runs end as failed, with a reason.
-    op.execute(
-        sa.text(
-            "UPDATE runs SET status = 'failed', error = 'the service was downgraded while the run waited', "
-            "worker_id = NULL, lease_expires_at = NULL WHERE status IN ('queued', 'waiting')"
-        )
-    )
     op.drop_index(NEW_INDEX, table_name="runs")
     _statuses(NEW_STATUSES, OLD_STATUSES)
     _index(OLD_INDEX, OLD_WHERE)

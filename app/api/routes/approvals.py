@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Query
 
 from app.api.deps import OwnerDep, ServicesDep
@@ -13,10 +14,11 @@ from app.api.schemas import ApprovalDecisionIn, ApprovalDecisionOut, ApprovalPag
 from app.container import Services
 from app.db.repositories.approvals import ApprovalClosedError, ApprovalRepo
 from app.errors import ApprovalClosedConflict, InvalidInputError, NotFoundError
-from app.runs.approvals import approval_item
+from app.runs.approvals import APPROVAL_ID, approval_item
 from app.tools.schema_check import argument_errors
 
 router = APIRouter(tags=["approvals"])
+MAX_TOOL_ARGS_BYTES = 64 * 1024
 audit_log = logging.getLogger("app.audit")
 log = logging.getLogger("app.api")
 
@@ -40,7 +42,7 @@ async def decide(
 ) -> ApprovalDecisionOut:
     conv = await owned_conversation(services, owner, conversation_id)
     repo = _repo(services)
-    approval = await repo.get(approval_id) if len(approval_id) <= 64 else None
+    approval = await repo.get(approval_id) if APPROVAL_ID.fullmatch(approval_id) else None
     if approval is None or approval.conversation_id != conv.id:
         raise NotFoundError("approval not found")
     status: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
@@ -48,6 +50,13 @@ async def decide(
     if body.tool_args is not None:
         if status != "approved":
             raise InvalidInputError("tool_args go with an approval only; a denial runs nothing")
+        try:
+            # What runs must be storable as it is sent on: JSON that nests and weighs reasonably.
+            encoded = orjson.dumps(body.tool_args)
+        except (orjson.JSONEncodeError, TypeError) as exc:
+            raise InvalidInputError(f"tool_args cannot be used: {exc}") from None
+        if len(encoded) > MAX_TOOL_ARGS_BYTES:
+            raise InvalidInputError(f"tool_args are larger than {MAX_TOOL_ARGS_BYTES} bytes")
         tool = services.tools.get(approval.tool_name)
         problems = argument_errors(tool.parameters, body.tool_args) if tool is not None else []
         if problems:

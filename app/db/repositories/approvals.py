@@ -88,6 +88,9 @@ def _record(row: Any) -> ApprovalRecord:
 
 
 _PENDING_OF_RUN = exists().where(Approval.run_id == Run.id, Approval.status == "pending")
+_RUN_ACTIVE = exists().where(Run.id == Approval.run_id, Run.status.in_(("running", "waiting")))
+"""An approval is open only while its run is: one left pending by a run that ended (cancelled
+while it was asking, failed) can no longer be decided, and is listed nowhere."""
 
 
 async def _lock_run(session: AsyncSession, run_id: str) -> None:
@@ -174,7 +177,12 @@ class ApprovalRepo:
             await _lock_run(session, found.run_id)
             decided = await session.execute(
                 update(Approval)
-                .where(Approval.id == approval_id, Approval.status == "pending", Approval.expires_at > now)
+                .where(
+                    Approval.id == approval_id,
+                    Approval.status == "pending",
+                    Approval.expires_at > now,
+                    _RUN_ACTIVE,
+                )
                 .values(
                     status=status,
                     reason=reason,
@@ -185,7 +193,10 @@ class ApprovalRepo:
             )
             if not decided.rowcount:  # type: ignore[attr-defined]
                 current = await session.scalar(select(Approval.status).where(Approval.id == approval_id))
-                raise ApprovalClosedError("expired" if current == "pending" else str(current or "gone"))
+                if current == "pending":
+                    run_status = await session.scalar(select(Run.status).where(Run.id == found.run_id))
+                    current = "expired" if run_status in ("running", "waiting") else "closed with its run"
+                raise ApprovalClosedError(str(current or "gone"))
             goes_on = await _go_on_if_decided(session, found.run_id)
         record = await self.get(approval_id)
         assert record is not None
@@ -222,6 +233,24 @@ class ApprovalRepo:
                     resumed.append(run_id)
         return expired, resumed
 
+    async def close_orphans(self, *, limit: int = 500) -> int:
+        """Mark ``cancelled`` the pending approvals of runs that ended (housekeeping: they count
+        as closed already, see ``_RUN_ACTIVE``)."""
+        async with self._sessionmaker.begin() as session:
+            ids = list(
+                await session.scalars(
+                    select(Approval.id).where(Approval.status == "pending", ~_RUN_ACTIVE).limit(limit)
+                )
+            )
+            if not ids:
+                return 0
+            result = await session.execute(
+                update(Approval)
+                .where(Approval.id.in_(ids), Approval.status == "pending")
+                .values(status="cancelled", reason="the run ended", decided_at=utcnow())
+            )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
     async def get(self, approval_id: str) -> ApprovalRecord | None:
         async with self._sessionmaker() as session:
             row = (
@@ -238,7 +267,7 @@ class ApprovalRepo:
         self, *, owner: str | None = None, conversation_id: str | None = None, run_ids: Sequence[str] = ()
     ) -> list[ApprovalRecord]:
         """Pending approvals, oldest first: an owner's, a conversation's, or some runs'."""
-        query = select(Approval).where(Approval.status == "pending")
+        query = select(Approval).where(Approval.status == "pending", _RUN_ACTIVE)
         if owner is not None:
             query = query.where(Approval.owner == owner)
         if conversation_id is not None:
@@ -249,7 +278,10 @@ class ApprovalRepo:
 
     async def count_pending(self) -> int:
         async with self._sessionmaker() as session:
-            return int(await session.scalar(select(func.count()).where(Approval.status == "pending")) or 0)
+            query = (
+                select(func.count()).select_from(Approval).where(Approval.status == "pending", _RUN_ACTIVE)
+            )
+            return int(await session.scalar(query) or 0)
 
     async def _all(self, query: Any) -> list[ApprovalRecord]:
         async with self._sessionmaker() as session:

@@ -440,8 +440,13 @@ class RunRepo:
             if runs:
                 result = await session.execute(delete(_checkpoints).where(_checkpoints.c.run_id.in_(runs)))
                 gone += result.rowcount  # type: ignore[attr-defined]
-            result = await session.execute(delete(ToolEffect).where(ToolEffect.created_at < effects_before))
-            gone += result.rowcount  # type: ignore[attr-defined]
+            old = (
+                select(ToolEffect.idempotency_key).where(ToolEffect.created_at < effects_before).limit(limit)
+            )
+            keys = list(await session.scalars(old))
+            if keys:
+                result = await session.execute(delete(ToolEffect).where(ToolEffect.idempotency_key.in_(keys)))
+                gone += result.rowcount  # type: ignore[attr-defined]
         return int(gone)
 
     async def running_of_worker(self, worker_id: str) -> list[RunRecord]:

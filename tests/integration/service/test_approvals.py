@@ -365,3 +365,26 @@ def test_metrics_count_approvals(
     after = api.http.get("/metrics").text
     assert 'agentstream_approvals_decided_total{outcome="denied"} 1.0' in after
     assert "agentstream_approvals_pending 0.0" in after
+
+
+def test_bad_ids_and_arguments_are_refused_without_a_500_and_change_nothing(
+    start_service: Callable[..., ServerThread], gated_llm: FakeLLM, clients: Callable[..., Api]
+) -> None:
+    api = clients(start_service(redis=False).base_url)
+    conv, run_id, run = waiting_run(api, gated_llm)
+    approval_id = run["pending_approvals"][0]["approval_id"]
+
+    for bad_id in ("%00", "apr_" + "g" * 32, "x" * 300, approval_id.upper()):
+        assert decide(api, conv, bad_id, decision="approve").status_code == 404, bad_id
+    deep: Any = "x"
+    for _ in range(300):
+        deep = {"a": deep}
+    assert decide(api, conv, approval_id, decision="approve", tool_args=deep).status_code in (400, 422)
+    huge = {"expression": "1+" * 40_000 + "1"}
+    assert decide(api, conv, approval_id, decision="approve", tool_args=huge).status_code == 422
+    assert decide(api, conv, approval_id, decision="approve", reason="x" * 2001).status_code == 422
+    assert decide(api, conv, approval_id, decision="approve", extra=1).status_code == 422
+
+    assert api.run(run_id)["status"] == "waiting"
+    assert api.run(run_id)["pending_approvals"][0]["status"] == "pending"
+    assert decide(api, conv, approval_id, decision="deny").status_code == 200

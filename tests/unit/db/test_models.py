@@ -65,6 +65,7 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "ix_follow_ups_conversation_id_id",
         "pk_notes",
         "pk_tool_effects",
+        "ix_tool_effects_created_at",
         "pk_approvals",
         "ck_approvals_status",
         "fk_approvals_run_id_runs",
