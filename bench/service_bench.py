@@ -217,7 +217,7 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
     probe_dir = tempfile.TemporaryDirectory(prefix="agentstream-probe-")
     probe = Path(probe_dir.name) / "probe.txt"
     env = probe_env(probe) if args.probe else None
-    async with Stack(fake, db=args.db, profile=profile, env=env) as stack:
+    async with Stack(fake, db=args.db, profile=profile, env=env, app_path=args.app_path or None) as stack:
         database = stack.database
         pid, port = stack.pids[0], stack.workers[0][1]
         for concurrency in args.concurrency:
@@ -433,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     h.add_argument("--profile", default="", help="write a py-spy profile of the worker here")
     h.add_argument("--py-spy", default=str(ROOT / "bench/.venv-peers/bin/py-spy"))
     lat = sub.add_parser("latency")
+    lat.add_argument("--app-path", default="", help="import the worker's app package from this tree")
     lat.add_argument("--concurrency", type=int, nargs="+", default=[1, 10, 50, 100, 200])
     lat.add_argument("--runs-each", type=int, default=2)
     lat.add_argument("--tokens", type=int, default=100)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -120,6 +121,9 @@ class StoreWriter:
         """Batches given up after ``retry_s``."""
         self.checkpoints_lost = False
         self._confirm_after = 0.0
+        self._held_at = -math.inf
+        """When this attempt last confirmed its hold itself (a check, a fenced save): until it has,
+        the worker's heartbeat is what says it holds it."""
         """A dropped batch held checkpoints, and no whole-state checkpoint was stored since: the
         stored ones do not fold into the run's state until one is."""
         self.task: asyncio.Task[None] | None = None
@@ -230,15 +234,23 @@ class StoreWriter:
         holds its run; renews its lease. Nothing to check without a fence."""
         if self._fence is None or self.dead:
             return
+        asked_at = time.monotonic()
         if not await self._store.holds_run(self._fence):
             self._mark_lost(AttemptLostError(f"attempt {self._fence.attempt} of {self.run_id} lost the run"))
             raise self.error  # type: ignore[misc]
+        self._held_at = asked_at  # and its lease renewed from then
+
+    def _unconfirmed(self) -> bool:
+        """Whether this attempt's hold needs confirming: the worker's heartbeat has not confirmed
+        its leases for half a lease, and neither has a check or fenced save of this attempt."""
+        fence = self._fence
+        return fence is not None and fence.stale() and time.monotonic() - self._held_at > fence.lease_s / 2
 
     async def confirm_if_stale(self) -> None:
         """When this worker has not confirmed its leases for a while (it stalled), make sure the
         attempt still holds the run before more of it goes out; a store that does not answer
         cannot tell, and the events go on (an outage is not a lost run)."""
-        if self._fence is None or self.dead or not self._fence.stale():
+        if self._fence is None or self.dead or not self._unconfirmed():
             return
         if time.monotonic() < self._confirm_after:
             return  # the last check could not tell (an outage): the bus goes on meanwhile
@@ -307,12 +319,14 @@ class StoreWriter:
         while True:
             try:
                 if self._fence is not None and (
-                    self._fence.stale() or any(c.follow_ups_through is not None for c in checkpoints)
+                    self._unconfirmed() or any(c.follow_ups_through is not None for c in checkpoints)
                 ):
                     # Taking follow-ups off the queue is for the attempt that holds the run only: a
                     # stalled one must not delete what its successor is still to take. And a
                     # worker that has not confirmed its leases for a while may have lost the run.
+                    asked_at = time.monotonic()
                     await self._store.save(self.conversation_id, events, checkpoints, self._fence)
+                    self._held_at = asked_at  # the fenced save renewed the lease
                 elif checkpoints:
                     await self._store.save(self.conversation_id, events, checkpoints)
                 else:

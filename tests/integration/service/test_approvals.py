@@ -388,3 +388,40 @@ def test_bad_ids_and_arguments_are_refused_without_a_500_and_change_nothing(
     assert api.run(run_id)["status"] == "waiting"
     assert api.run(run_id)["pending_approvals"][0]["status"] == "pending"
     assert decide(api, conv, approval_id, decision="deny").status_code == 200
+
+
+def test_only_the_conversations_owner_decides_and_every_decision_is_audited(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = start_service(redis=False, api_keys="alice:key-alice,bob:key-bob")
+    play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*7"}))
+    with (
+        httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer key-alice"}) as alice,
+        httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer key-bob"}) as bob,
+    ):
+        conv = alice.post("/api/conversations", json={"agent": {"require_approval": ["calculator"]}}).json()[
+            "id"
+        ]
+        run_id = alice.post(f"/api/conversations/{conv}/runs", json={"message": "6*7?"}).json()["run_id"]
+        run = wait_until(
+            lambda: (r := alice.get(f"/api/runs/{run_id}").json())["status"] == "waiting" and r,
+            timeout=15,
+            what="the run to wait",
+        )
+        approval_id = run["pending_approvals"][0]["approval_id"]
+        path = f"/api/conversations/{conv}/approvals/{approval_id}"
+
+        assert bob.post(path, json={"decision": "approve"}).status_code == 404
+        assert bob.get("/api/approvals").json()["items"] == []
+        assert alice.get("/api/approvals").json()["items"][0]["approval_id"] == approval_id
+        with caplog.at_level("INFO", logger="app.audit"):
+            edited = {"decision": "approve", "tool_args": {"expression": "7*6"}}
+            assert alice.post(path, json=edited).status_code == 200
+
+    (record,) = [r for r in caplog.records if r.name == "app.audit" and r.getMessage() == "approval decided"]
+    assert record.decided_by == "alice" and record.decision == "approved"  # type: ignore[attr-defined]
+    assert record.args_before == {"expression": "6*7"}  # type: ignore[attr-defined]
+    assert record.args_after == {"expression": "7*6"}  # type: ignore[attr-defined]
+    assert record.decided_at and record.approval_id == approval_id  # type: ignore[attr-defined]

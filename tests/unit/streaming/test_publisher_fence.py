@@ -226,7 +226,7 @@ def test_a_fence_is_stale_once_its_leases_are_unconfirmed_for_more_than_half_a_l
     assert not Fence(RUN, 1, "w1", 30).stale()  # no clock: never stale
 
 
-async def test_while_the_fence_is_stale_every_save_is_fenced() -> None:
+async def test_while_the_fence_is_stale_the_attempt_confirms_its_hold_with_a_fenced_save() -> None:
     bus, store = ScriptedBus(), FencedStore()
     clock = stale_clock()
     stale = Fence(RUN, 1, "w1", 30, hold=clock)
@@ -234,11 +234,24 @@ async def test_while_the_fence_is_stale_every_save_is_fenced() -> None:
     await pub.publish(ThinkingStarted(1))
     pub.checkpoint(CheckpointRecord(RUN, 1, 0, "{}"))
     await pub.flush_store()
-    assert store.fences and all(f == stale for f in store.fences), store.fences
+    assert store.fences[:1] == [stale], store.fences
 
-    clock.confirm(time.monotonic())  # the heartbeat confirmed the leases: back to the cheap saves
+    # That save confirmed the hold (and renewed the lease) for half a lease: no fence meanwhile.
     saves = len(store.fences)
     await pub.publish(ThinkingStarted(2))
+    await pub.flush_store()
+    assert store.fences[saves:] == [None]
+
+    pub._writer._held_at -= 16  # half a lease later, still no heartbeat: fenced again
+    saves = len(store.fences)
+    await pub.publish(ThinkingStarted(3))
+    await pub.flush_store()
+    assert store.fences[saves : saves + 1] == [stale]  # the first save confirms it again
+
+    pub._writer._held_at -= 16
+    clock.confirm(time.monotonic())  # the heartbeat confirmed the leases: back to the cheap saves
+    saves = len(store.fences)
+    await pub.publish(ThinkingStarted(4))
     await pub.flush_store()
     assert store.fences[saves:] == [None]
     await pub.discard()
