@@ -16,6 +16,7 @@ import redis
 
 from app.db.migrate import upgrade_database
 from tests.integration.conftest import PostgresServer, run_in_thread
+from tests.integration.service.test_approvals import wait_done, wait_status
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     REDIS_URL,
     Api,
@@ -26,7 +27,6 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     redis_keys,
 )
 from tests.support.fake_agents import ToolAgentBehaviour
-from tests.support.server import wait_until
 
 pytestmark = [
     pytest.mark.timeout(60, func_only=True),
@@ -63,26 +63,6 @@ def forget_redis(prefix: str) -> int:
         client.close()
 
 
-def waiting(api: Api, run_id: str) -> dict[str, object]:
-    run: dict[str, object] = wait_until(
-        lambda: (r := api.run(run_id))["status"] == "waiting" and r,
-        timeout=20,
-        interval=0.05,
-        what=f"run {run_id} to wait",
-    )
-    return run
-
-
-def ended(api: Api, run_id: str) -> dict[str, object]:
-    run: dict[str, object] = wait_until(
-        lambda: (r := api.run(run_id))["status"] in ("completed", "failed", "cancelled") and r,
-        timeout=20,
-        interval=0.05,
-        what=f"run {run_id} to end",
-    )
-    return run
-
-
 def test_a_decision_after_every_worker_died_and_redis_forgot_everything_still_carries_the_run_on(
     cluster: Cluster, clients: Callable[..., Api]
 ) -> None:
@@ -90,7 +70,7 @@ def test_a_decision_after_every_worker_died_and_redis_forgot_everything_still_ca
     api = clients(a.base_url)
     conv = api.create_conversation(require_approval=["calculator"])
     run_id = api.start_run(conv, "what is 6*7?")
-    (pending,) = waiting(api, run_id)["pending_approvals"]  # type: ignore[misc]
+    (pending,) = wait_status(api, run_id, "waiting")["pending_approvals"]  # type: ignore[misc]
 
     a.kill()
     b.kill()
@@ -105,7 +85,7 @@ def test_a_decision_after_every_worker_died_and_redis_forgot_everything_still_ca
     )
 
     assert decided.status_code == 200, decided.text
-    assert ended(fresh, run_id)["status"] == "completed"
+    assert wait_done(fresh, run_id)["status"] == "completed"
     events = fresh.wait_stored(run_id)
     kinds = [(e["event"], e["data"].get("status")) for e in events]
     assert kinds.count(("approval", "requested")) == 1
@@ -123,7 +103,7 @@ def test_a_run_parked_by_one_worker_goes_on_when_another_takes_the_decision(
     api_a, api_b = clients(a.base_url), clients(b.base_url)
     conv = api_a.create_conversation(require_approval=["calculator"])
     run_id = api_a.start_run(conv, "what is 6*7?")
-    (pending,) = waiting(api_a, run_id)["pending_approvals"]  # type: ignore[misc]
+    (pending,) = wait_status(api_a, run_id, "waiting")["pending_approvals"]  # type: ignore[misc]
 
     with api_b.stream(conv) as stream:
         decided = api_b.http.post(
@@ -136,4 +116,4 @@ def test_a_run_parked_by_one_worker_goes_on_when_another_takes_the_decision(
     statuses = [e.data.get("status") for e in seen if e.event == "approval"]
     assert statuses == ["requested", "denied"]
     assert seen[-1].data["status"] == "completed"
-    assert ended(api_a, run_id)["pending_approvals"] == []
+    assert wait_done(api_a, run_id)["pending_approvals"] == []
