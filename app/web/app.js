@@ -406,7 +406,10 @@ async function attachRun(current, runId, { resume }) {
       onEvent: (ev) => {
         if (view.handle(ev)) {
           if (ev.event === "inject") dom.hint.textContent = "";
-          if (ev.event === "approval") refreshInbox();
+          if (ev.event === "approval") {
+            refreshInbox();
+            updateComposer();
+          }
           view.setConnection("live");
           scheduleSnapshot(current.id, run);
           scrollIfFollowing();
@@ -440,6 +443,7 @@ function updateComposer() {
   dom.composer.hidden = active;
   dom.interruptForm.hidden = !active;
   dom.runPill.hidden = !active;
+  dom.runPill.textContent = state.current?.run?.view.waiting ? "Waiting for approval" : "Running";
   dom.cancelButton.disabled = false;
   dom.cancelButton.textContent = "Cancel run";
   if (!active) dom.hint.textContent = "";

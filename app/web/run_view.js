@@ -58,6 +58,8 @@ export class RunView {
     this.runId = runId;
     this.onDecide = onDecide;
     this.approvalCards = new Map();
+    /** Calls of the run that wait for a decision the run has not announced yet. */
+    this.pendingApprovals = new Set();
     this.seen = new Set();
     this.events = [];
     this.lastId = null;
@@ -167,13 +169,20 @@ export class RunView {
         this.onDecide ? this.onDecide(data.approval_id, body) : Promise.reject(new Error("This run is over."));
       card = approvalCard(data, decide);
       this.approvalCards.set(data.approval_id, card);
+      this.pendingApprovals.add(data.approval_id);
       this.append(card.root);
       this.setStatus(`Waiting for your approval of ${data.tool_name ?? "a tool call"}…`);
       return;
     }
+    this.pendingApprovals.delete(data.approval_id);
     if (!card) return;
     card.settle(data.status, data.reason, data.status === "approved" ? data.tool_args : undefined);
     this.setStatus(data.status === "approved" ? `Running ${data.tool_name ?? "the approved call"}…` : "Thinking…");
+  }
+
+  /** The run waits for a person (some approval it asked for is not decided yet). */
+  get waiting() {
+    return this.pendingApprovals.size > 0 && !this.finished;
   }
 
   describePhase(data) {

@@ -63,6 +63,7 @@ def test_approving_the_card_runs_the_call_and_the_run_ends(chat: ChatPage) -> No
     inbox = chat.page.get_by_test_id("inbox")
     expect(inbox).to_be_visible()
     expect(inbox.get_by_test_id("inbox-item")).to_have_count(1)
+    expect(chat.page.get_by_test_id("run-pill")).to_have_text("Waiting for approval")
 
     card.get_by_test_id("approve-button").click()
 
