@@ -27,6 +27,6 @@ class Services:
     manager: RunManager
     metrics: Metrics
     owner_keys: dict[str, str]
+    approvals: ApprovalRepo
     redis: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
-    approvals: ApprovalRepo | None = None

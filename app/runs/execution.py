@@ -416,11 +416,7 @@ class Executor:
     async def _hand_over(self, active: ActiveRun, publisher: RunPublisher) -> None:
         """Store what the attempt published and checkpointed, then release the run, so that
         another worker carries it on from there at once (RUNS.md R-08)."""
-        with contextlib.suppress(EventPersistError):  # logged by the publisher
-            await publisher.flush_store()
-        with contextlib.suppress(Exception):
-            # Followers elsewhere read what the bus has; the database has it all anyway.
-            await asyncio.wait_for(publisher.flush(), timeout=2.0)
+        await _let_go_of(publisher)
         deadline = time.monotonic() + RELEASE_RETRY_S
         while True:
             try:
@@ -445,13 +441,10 @@ class Executor:
 
     async def _park(self, active: ActiveRun, publisher: RunPublisher) -> bool:
         """The run waits for a person (RUNS.md A-02): its events and checkpoints stored, its row
-        let go, held by no worker. False if its user cancelled it meanwhile (close it then)."""
-        with contextlib.suppress(EventPersistError):  # logged by the publisher
-            # (A request whose checkpoint the store lost is asked again by the next attempt,
-            # under the same approval id.)
-            await publisher.flush_store()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(publisher.flush(), timeout=2.0)
+        let go, held by no worker. False if its user cancelled it meanwhile (close it then).
+        (A request whose checkpoint the store lost is asked again by the next attempt, under the
+        same approval id.)"""
+        await _let_go_of(publisher)
         parked = await self.approvals.park(active.run_id, active.attempt, self.worker_id)
         if parked == "cancelled":
             return False
@@ -526,3 +519,13 @@ class Executor:
         log.info("run finished", extra={"status": done.status, "iterations": done.iterations})
         with contextlib.suppress(EventPersistError):  # events missing from the log: logged already
             await publisher.close()
+
+
+async def _let_go_of(publisher: RunPublisher) -> None:
+    """Before an attempt lets its run go (a hand-over, a park): what it published and
+    checkpointed stored, and sent to the bus for a while (followers elsewhere read what the bus
+    has; the database has it all anyway)."""
+    with contextlib.suppress(EventPersistError):  # logged by the publisher
+        await publisher.flush_store()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(publisher.flush(), timeout=2.0)

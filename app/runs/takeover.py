@@ -365,7 +365,9 @@ class Takeover:
             usage=state.usage(),
             iterations=state.iterations(),
         )
-        decisions = await self.executor.approvals.decisions(run.id)
+        # Only a run that asked for approvals has decisions to read.
+        asked = state.pending is not None and bool(state.pending.awaiting)
+        decisions = await self.executor.approvals.decisions(run.id) if asked else {}
         # A run that waited for a person goes on from where it stopped: nothing is done again.
         announce = lost or not state.undecided()
         self.metrics.runs_resumed.labels("lost" if lost else "handover" if announce else "approval").inc()

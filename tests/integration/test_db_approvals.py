@@ -75,17 +75,17 @@ async def test_a_run_waits_while_an_approval_is_pending_and_goes_on_with_the_las
     assert await approvals.park(run.id, run.attempt, "w1") == "waiting"
     assert await status_of(runs, run) == ("waiting", None)
     _, goes_on = await approvals.decide(
-        first.id, status="approved", reason=None, decided_args={"to": "ann"}, decided_by="alice"
+        first, status="approved", reason=None, decided_args={"to": "ann"}, decided_by="alice"
     )
     assert not goes_on and (await status_of(runs, run))[0] == "waiting"
     decided, goes_on = await approvals.decide(
-        second.id, status="denied", reason="no", decided_args=second.tool_args, decided_by="alice"
+        second, status="denied", reason="no", decided_args=second.tool_args, decided_by="alice"
     )
 
     assert goes_on and decided.status == "denied" and decided.reason == "no" and decided.decided_by == "alice"
     assert await status_of(runs, run) == ("running", None)  # held by nobody: any claim loop takes it
     with pytest.raises(ApprovalClosedError):
-        await approvals.decide(first.id, status="denied", reason=None, decided_args={}, decided_by="alice")
+        await approvals.decide(first, status="denied", reason=None, decided_args={}, decided_by="alice")
     assert [(a.call_id, a.status, a.decided_args) for a in await approvals.of_run(run.id)] == [
         ("c1", "approved", {"to": "ann"}),
         ("c2", "denied", {"to": "bob"}),
@@ -98,7 +98,7 @@ async def test_a_decision_made_before_the_run_parked_lets_the_park_release_it_at
     run = await running_run(database, runs)
     only = await approvals.request(new(run, "c1"))
     _, goes_on = await approvals.decide(
-        only.id, status="approved", reason=None, decided_args={}, decided_by="alice"
+        only, status="approved", reason=None, decided_args={}, decided_by="alice"
     )
     assert not goes_on  # the run is still running: nothing to wake
 
@@ -118,7 +118,7 @@ async def test_a_park_and_the_last_decision_at_the_same_moment_never_leave_the_r
             only = await approvals.request(new(run, "c1"))
             parked, (_, goes_on) = await asyncio.gather(
                 approvals.park(run.id, run.attempt, "w1"),
-                racing.decide(only.id, status="approved", reason=None, decided_args={}, decided_by="alice"),
+                racing.decide(only, status="approved", reason=None, decided_args={}, decided_by="alice"),
             )
             assert parked in ("waiting", "released")
             assert await status_of(runs, run) == ("running", None), (parked, goes_on)
@@ -136,9 +136,9 @@ async def test_of_two_decisions_at_the_same_moment_exactly_one_stands(
         only = await approvals.request(new(run, "c1"))
         await approvals.park(run.id, run.attempt, "w1")
         results = await asyncio.gather(
-            approvals.decide(only.id, status="approved", reason=None, decided_args={}, decided_by="alice"),
+            approvals.decide(only, status="approved", reason=None, decided_args={}, decided_by="alice"),
             ApprovalRepo(other.sessionmaker).decide(
-                only.id, status="denied", reason="x", decided_args={}, decided_by="alice"
+                only, status="denied", reason="x", decided_args={}, decided_by="alice"
             ),
             return_exceptions=True,
         )
@@ -157,7 +157,7 @@ async def test_an_approval_past_its_time_expires_and_its_run_goes_on(
     due = await approvals.request(new(run, "c1", expires_in=-1))
     await approvals.park(run.id, run.attempt, "w1")
     with pytest.raises(ApprovalClosedError, match="expired"):
-        await approvals.decide(due.id, status="approved", reason=None, decided_args={}, decided_by="alice")
+        await approvals.decide(due, status="approved", reason=None, decided_args={}, decided_by="alice")
 
     expired, resumed = await approvals.expire_due()
 
@@ -184,7 +184,7 @@ async def test_an_approval_of_a_run_that_ended_is_closed_listed_nowhere_and_tidi
     )
 
     with pytest.raises(ApprovalClosedError, match="closed with its run"):
-        await approvals.decide(left.id, status="approved", reason=None, decided_args={}, decided_by="alice")
+        await approvals.decide(left, status="approved", reason=None, decided_args={}, decided_by="alice")
     assert await approvals.pending(owner="alice") == [] and await approvals.count_pending() == 0
     assert await approvals.close_orphans() == 1
     assert (await approvals.of_run(run.id))[0].status == "cancelled"
@@ -204,9 +204,7 @@ async def test_cancelling_a_waiting_run_closes_its_approvals_and_lets_it_go(
     assert row is not None and (row.status, row.worker_id, row.cancel_requested) == ("running", None, True)
     assert (await approvals.of_run(run.id))[0].status == "cancelled"
     with pytest.raises(ApprovalClosedError):
-        await approvals.decide(
-            pending.id, status="approved", reason=None, decided_args={}, decided_by="alice"
-        )
+        await approvals.decide(pending, status="approved", reason=None, decided_args={}, decided_by="alice")
     # A park after the cancel was asked for does not park: the caller closes the run.
     run2 = await running_run(database, runs)
     await approvals.request(new(run2, "c1"))

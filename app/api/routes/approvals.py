@@ -11,8 +11,7 @@ from fastapi import APIRouter, Query
 from app.api.deps import OwnerDep, ServicesDep
 from app.api.routes.conversations import BODY_ERRORS, IdPath, owned_conversation
 from app.api.schemas import ApprovalDecisionIn, ApprovalDecisionOut, ApprovalPage, error_responses
-from app.container import Services
-from app.db.repositories.approvals import ApprovalClosedError, ApprovalRepo
+from app.db.repositories.approvals import ApprovalClosedError
 from app.errors import ApprovalClosedConflict, InvalidInputError, NotFoundError
 from app.runs.approvals import APPROVAL_ID, approval_item
 from app.tools.schema_check import argument_errors
@@ -21,11 +20,6 @@ router = APIRouter(tags=["approvals"])
 MAX_TOOL_ARGS_BYTES = 64 * 1024
 audit_log = logging.getLogger("app.audit")
 log = logging.getLogger("app.api")
-
-
-def _repo(services: Services) -> ApprovalRepo:
-    assert services.approvals is not None
-    return services.approvals
 
 
 @router.post(
@@ -41,7 +35,7 @@ async def decide(
     owner: OwnerDep,
 ) -> ApprovalDecisionOut:
     conv = await owned_conversation(services, owner, conversation_id)
-    repo = _repo(services)
+    repo = services.approvals
     approval = await repo.get(approval_id) if APPROVAL_ID.fullmatch(approval_id) else None
     if approval is None or approval.conversation_id != conv.id:
         raise NotFoundError("approval not found")
@@ -64,7 +58,7 @@ async def decide(
         args = dict(body.tool_args)
     try:
         decided, goes_on = await repo.decide(
-            approval.id, status=status, reason=body.reason, decided_args=args, decided_by=owner
+            approval, status=status, reason=body.reason, decided_args=args, decided_by=owner
         )
     except ApprovalClosedError as exc:
         message = f"approval {approval.id} is {exc.status}: the first decision stands"
@@ -101,4 +95,4 @@ async def list_approvals(
     status: Annotated[Literal["pending"], Query()] = "pending",
 ) -> ApprovalPage:
     """The caller's pending approvals across conversations, oldest first (A-05)."""
-    return ApprovalPage(items=[approval_item(a) for a in await _repo(services).pending(owner=owner)])
+    return ApprovalPage(items=[approval_item(a) for a in await services.approvals.pending(owner=owner)])

@@ -115,9 +115,7 @@ async def get_conversation(
     conv = await owned_conversation(services, owner, conversation_id)
     messages = await services.conversations.messages(conv.id)
     active = await services.runs.active(conv.id)
-    pending = (
-        await services.approvals.pending(conversation_id=conv.id) if services.approvals is not None else []
-    )
+    pending = await services.approvals.pending(conversation_id=conv.id)
     base = conversation_out(conv)
     return ConversationDetail(
         **base.model_dump(),

@@ -52,8 +52,7 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST.partition(";")[0]: {"schema": {"type": "string"}}}}},
 )
 async def metrics(services: ServicesDep) -> Response:
-    if services.approvals is not None:
-        # Read at scrape time: pending approvals live in the database, across every worker.
-        with contextlib.suppress(Exception):
-            services.metrics.approvals_pending.set(await services.approvals.count_pending())
+    # Read at scrape time: pending approvals live in the database, across every worker.
+    with contextlib.suppress(Exception):
+        services.metrics.approvals_pending.set(await services.approvals.count_pending())
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -26,7 +26,7 @@ async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
 @router.get("/api/runs/{run_id}", response_model=RunOut, responses=ERRORS)
 async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
     run = await owned_run(services, owner, run_id)
-    pending = await services.approvals.pending(run_ids=[run.id]) if services.approvals is not None else []
+    pending = await services.approvals.pending(run_ids=[run.id])
     return run_out(run, services.extras["llm"].model_name, [approval_item(a) for a in pending])
 
 

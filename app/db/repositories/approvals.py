@@ -13,7 +13,7 @@ cannot both miss each other: whichever commits second sees the other's write.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -159,7 +159,7 @@ class ApprovalRepo:
 
     async def decide(
         self,
-        approval_id: str,
+        found: ApprovalRecord,
         *,
         status: Literal["approved", "denied"],
         reason: str | None,
@@ -168,10 +168,9 @@ class ApprovalRepo:
     ) -> tuple[ApprovalRecord, bool]:
         """Decide a pending approval (A-03); returns it and whether its run goes on now (no
         approval of it pending any more). Raises ``ApprovalClosedError`` when it was decided,
-        expired or closed before: the first decision stands."""
-        found = await self.get(approval_id)
-        if found is None:
-            raise ApprovalClosedError("gone")
+        expired or closed before: the first decision stands. ``found``: the approval as the
+        caller read it (its run and what it asked for do not change)."""
+        approval_id = found.id
         now = utcnow()
         async with self._sessionmaker.begin() as session:
             await _lock_run(session, found.run_id)
@@ -198,9 +197,15 @@ class ApprovalRepo:
                     current = "expired" if run_status in ("running", "waiting") else "closed with its run"
                 raise ApprovalClosedError(str(current or "gone"))
             goes_on = await _go_on_if_decided(session, found.run_id)
-        record = await self.get(approval_id)
-        assert record is not None
-        return record, goes_on
+        decided_record = replace(
+            found,
+            status=status,
+            reason=reason,
+            decided_args=dict(decided_args),
+            decided_by=decided_by,
+            decided_at=now,
+        )
+        return decided_record, goes_on
 
     async def expire_due(self, now: datetime | None = None, *, limit: int = 100) -> tuple[int, list[str]]:
         """Expire the pending approvals whose time ran out (A-04); returns how many, and the runs
