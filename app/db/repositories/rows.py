@@ -214,10 +214,13 @@ async def _append_messages(
     messages: Sequence[ChatMessage],
     *,
     locked: bool = False,
+    first_seq: int | None = None,
 ) -> None:
     """Append ``messages`` after the conversation's last one and mark the conversation updated,
     inside the caller's transaction. Raises ``ConversationNotFoundError`` if the conversation is gone.
     ``locked``: the caller has locked (touched) the conversation's row in this transaction.
+    ``first_seq``: the seq after the last message, known to a caller that read the history under
+    that lock (so no query for it).
     """
     now = utcnow()
     if not locked:
@@ -225,8 +228,9 @@ async def _append_messages(
         touched = await session.execute(_TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": now})
         if not touched.rowcount:  # type: ignore[attr-defined]
             raise ConversationNotFoundError(conversation_id)
-    last = await session.scalar(_LAST_SEQ, {"b_conversation": conversation_id})
-    first_seq = 0 if last is None else last + 1
+    if first_seq is None:
+        last = await session.scalar(_LAST_SEQ, {"b_conversation": conversation_id})
+        first_seq = 0 if last is None else last + 1
     await session.execute(
         insert(_messages),
         [
@@ -251,8 +255,14 @@ async def _append_messages(
 
 
 async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMessage]:
+    return (await _history_and_next_seq(session, conversation_id))[0]
+
+
+async def _history_and_next_seq(session: AsyncSession, conversation_id: str) -> tuple[list[ChatMessage], int]:
+    """The conversation's messages and the seq the next one takes."""
     rows = await session.execute(_HISTORY, {"b_conversation": conversation_id})
-    return [_message_record(row).to_chat_message() for row in rows]
+    records = [_message_record(row) for row in rows]
+    return [record.to_chat_message() for record in records], (records[-1].seq + 1 if records else 0)
 
 
 def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:

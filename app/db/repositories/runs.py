@@ -32,7 +32,7 @@ from app.db.repositories.rows import (
     _checkpoints,
     _delete_follow_ups,
     _event_row,
-    _history,
+    _history_and_next_seq,
     _holds,
     _insert_events,
     _message_record,
@@ -61,6 +61,12 @@ _TAKE_FOLLOW_UPS = (
     delete(FollowUp)
     .where(FollowUp.conversation_id == bindparam("b_conversation"))
     .returning(FollowUp.id, FollowUp.content)
+)
+# What a starting run needs to know of its conversation, read in one statement once the
+# conversation's row is locked: the last stored event, and whether follow-ups wait.
+_START_LOOK = select(
+    _LAST_EVENT_ID.scalar_subquery().label("last_event"),
+    exists().where(FollowUp.conversation_id == bindparam("b_conversation")).label("follow_ups"),
 )
 _CHECKPOINTS = (
     select(_checkpoints.c.seq, _checkpoints.c.after, _checkpoints.c.data)
@@ -152,32 +158,37 @@ class RunRepo:
         try:
             async with self._sessionmaker.begin() as session:
                 await session.execute(insert(_runs), row)  # the one-running-run index decides here
-                stored_last = await session.scalar(_LAST_EVENT_ID, {"b_conversation": conversation_id})
-                cursor = later_cursor(start_cursor, stored_last)
-                if cursor != start_cursor:
-                    row["start_cursor"] = cursor
-                    await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
-                # The conversation's row locked before its history is read (FollowUpRepo takes
+                # The conversation's row locked before anything of it is read (FollowUpRepo takes
                 # the same lock): follow-ups accepted after the previous run took its last ones,
                 # and kept nowhere since, join the history now, before the question, so that the
                 # run's queue holds only what comes after its start.
                 await session.execute(
                     _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
                 )
-                late = await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id})
+                look = (await session.execute(_START_LOOK, {"b_conversation": conversation_id})).one()
+                cursor = later_cursor(start_cursor, look.last_event)
+                if cursor != start_cursor:
+                    row["start_cursor"] = cursor
+                    await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
+                late = (
+                    list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
+                    if look.follow_ups
+                    else []
+                )
                 before = [
                     *prior,
                     *follow_up_messages([row.content for row in sorted(late, key=lambda r: r.id)]),
                 ]
                 if before:
                     await _append_messages(session, conversation_id, None, before, locked=True)
-                history = await _history(session, conversation_id)
+                history, next_seq = await _history_and_next_seq(session, conversation_id)
                 await _append_messages(
                     session,
                     conversation_id,
                     row["id"],
                     [ChatMessage(role="user", content=message)],
                     locked=True,
+                    first_seq=next_seq,
                 )
         except IntegrityError:
             await self._explain_conflict(conversation_id)
