@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.llm.providers import PROFILES
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/agentstream.db"
 
 
@@ -24,6 +26,8 @@ class Settings(BaseSettings):
     llm_abilities: str = "tool_call,json_mode,streaming"
     llm_timeout_s: float = Field(default=60.0, gt=0)
     llm_max_retries: int = Field(default=3, ge=0, le=20)
+    llm_provider: str | None = None
+    """The provider profile (app.llm.providers); unset: found from LLM_BASE_URL and LLM_MODEL."""
 
     # storage and transport
     database_url: str = DEFAULT_DATABASE_URL
@@ -63,10 +67,17 @@ class Settings(BaseSettings):
     demo_delay_s: float = Field(default=0.03, ge=0, le=5)
     """Pause between the words the demo model streams, so that a person can watch it type."""
 
-    @field_validator("llm_base_url", "redis_url", "mcp_servers", mode="before")
+    @field_validator("llm_base_url", "redis_url", "mcp_servers", "llm_provider", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("llm_provider")
+    @classmethod
+    def _known_provider(cls, v: str | None) -> str | None:
+        if v is not None and v.strip().lower() not in PROFILES:
+            raise ValueError(f"unknown provider {v!r}; one of: {', '.join(sorted(PROFILES))}")
+        return v
 
     @property
     def abilities(self) -> dict[str, bool]:

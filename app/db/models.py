@@ -141,6 +141,9 @@ class Message(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The thinking a provider returned with an assistant message; some providers refuse the next
+    # request unless it is sent back (app.llm.providers).
+    reasoning: Mapped[str | None] = mapped_column(StoredText)
 
 
 class Run(Base):

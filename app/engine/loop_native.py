@@ -34,13 +34,18 @@ class NativeStrategy:
     def parse(self, reply: ChatResult) -> ParsedReply:
         if not reply.tool_calls:
             content = reply.content or ""
-            assistant = ChatMessage(role="assistant", content=content)
+            assistant = ChatMessage(role="assistant", content=content, reasoning=reply.reasoning_content)
             return ParsedReply("final", reply.reasoning_content or "", assistant, answer=content)
         calls = []
         for tc in reply.tool_calls:
             args, error = decode_args(tc.name, tc.arguments)
             calls.append(PlannedCall(tc.id, tc.name, args, error))
-        assistant = ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)
+        assistant = ChatMessage(
+            role="assistant",
+            content=reply.content,
+            tool_calls=reply.tool_calls,
+            reasoning=reply.reasoning_content,  # some providers want it back (app.llm.providers)
+        )
         reasoning = reply.content or reply.reasoning_content or ""
         return ParsedReply("tools", reasoning, assistant, calls=tuple(calls))
 

@@ -150,13 +150,18 @@ class LoopState:
 def message_to_json(message: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
-        out["tool_calls"] = [[c.id, c.name, c.arguments] for c in message.tool_calls]
+        out["tool_calls"] = [
+            [c.id, c.name, c.arguments, dict(c.extra)] if c.extra else [c.id, c.name, c.arguments]
+            for c in message.tool_calls
+        ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
         out["name"] = message.name
     if message.pinned:
         out["pinned"] = True
+    if message.reasoning:
+        out["reasoning"] = message.reasoning
     return out
 
 
@@ -164,10 +169,14 @@ def message_from_json(data: Mapping[str, Any]) -> ChatMessage:
     return ChatMessage(
         role=data["role"],
         content=data.get("content"),
-        tool_calls=tuple(ToolCall(id=c[0], name=c[1], arguments=c[2]) for c in data.get("tool_calls", ())),
+        tool_calls=tuple(
+            ToolCall(id=c[0], name=c[1], arguments=c[2], extra=c[3] if len(c) > 3 else None)
+            for c in data.get("tool_calls", ())
+        ),
         tool_call_id=data.get("tool_call_id"),
         name=data.get("name"),
         pinned=bool(data.get("pinned", False)),
+        reasoning=data.get("reasoning"),
     )
 
 

@@ -142,9 +142,9 @@ async def synthesize(
     await sink(AnswerStarted())
     try:
         if llm.abilities.get("streaming", False):
-            await _stream(llm, messages, sink, usage, sent)
+            finish_reason = await _stream(llm, messages, sink, usage, sent)
         else:
-            reply = await _chat_once(llm, messages, usage)
+            reply, finish_reason = await _chat_once(llm, messages, usage)
             if reply:
                 sent.append(reply)
                 await sink(AnswerDelta(reply))
@@ -159,7 +159,16 @@ async def synthesize(
         await sink(AnswerDone())
         return SynthesisResult(answer=fallback, error=f"synthesis failed: {reason}")
     await sink(AnswerDone())
-    return SynthesisResult(answer="".join(sent), error=None)
+    # An answer the provider cut is never presented as complete: the user keeps the text, and
+    # done.error says why it ends where it does.
+    return SynthesisResult(answer="".join(sent), error=_CUT.get(finish_reason or ""))
+
+
+_CUT = {
+    "length": "the answer was cut off: the model reached its output token limit",
+    "content_filter": "the answer was cut off by the provider's content filter",
+    "error": "the answer was cut off: the provider reported an error",
+}
 
 
 class _EmptyAnswerError(Exception):
@@ -173,9 +182,11 @@ def _reason(exc: BaseException) -> str:
 
 async def _stream(
     llm: LLM, messages: list[ChatMessage], sink: EventSink, usage: Usage, sent: list[str]
-) -> None:
+) -> str | None:
+    """Stream the answer into ``sent`` and the sink; the reason the provider gave for its end."""
     stream: AsyncIterator[StreamItem] = llm.stream_chat(messages)
     ended = False
+    finish_reason: str | None = None
     try:
         async for item in stream:
             if isinstance(item, TextDelta):
@@ -184,6 +195,7 @@ async def _stream(
                     await sink(AnswerDelta(item.text))
             elif isinstance(item, StreamEnd):
                 ended = True
+                finish_reason = item.finish_reason
                 _add_call(usage, item.usage, item.attempts)
     except LLMError as exc:
         ended = True
@@ -196,13 +208,14 @@ async def _stream(
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
+    return finish_reason
 
 
-async def _chat_once(llm: LLM, messages: list[ChatMessage], usage: Usage) -> str:
+async def _chat_once(llm: LLM, messages: list[ChatMessage], usage: Usage) -> tuple[str, str | None]:
     try:
         reply = await llm.chat(messages)
     except LLMError as exc:
         _add_call(usage, None, getattr(exc, "attempts", 1))
         raise
     _add_call(usage, reply.usage, reply.attempts)
-    return reply.content or ""
+    return reply.content or "", reply.finish_reason

@@ -15,11 +15,17 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One tool call requested by the model; ``arguments`` is the raw JSON text the model sent."""
+    """One tool call requested by the model; ``arguments`` is the raw JSON text the model sent.
+
+    ``extra``: what the provider attached to the call that it wants back with it (Gemini's thought
+    signature, in ``extra_content``); kept as it came, sent back only to the provider that needs it
+    (``app.llm.providers``).
+    """
 
     id: str
     name: str
     arguments: str
+    extra: Mapping[str, Any] | None = None
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -34,7 +40,8 @@ class ChatMessage:
     """A chat message as the engine keeps it.
 
     ``pinned`` messages survive context compaction (user interrupts, the question); it is engine
-    bookkeeping and never sent to the provider.
+    bookkeeping and never sent to the provider. ``reasoning`` is the thinking the provider returned
+    with an assistant message, sent back only to providers that ask for it (``app.llm.providers``).
     """
 
     role: Role
@@ -43,6 +50,7 @@ class ChatMessage:
     tool_call_id: str | None = None
     name: str | None = None
     pinned: bool = False
+    reasoning: str | None = None
 
     def to_openai(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -84,10 +92,12 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
-    """Last item of a stream: the usage the provider reported and how many attempts it took."""
+    """Last item of a stream: the usage the provider reported, how many attempts it took, and why the
+    answer ended (``length``: the model reached its output limit, so the answer is cut)."""
 
     usage: TokenUsage
     attempts: int = 1
+    finish_reason: str | None = None
 
 
 StreamItem = TextDelta | StreamEnd

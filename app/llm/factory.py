@@ -9,6 +9,7 @@ from __future__ import annotations
 from app.llm.base import LLM
 from app.llm.demo import DemoLLM
 from app.llm.openai_client import OpenAICompatibleLLM
+from app.llm.providers import profile_for
 from app.settings import Settings
 
 
@@ -25,4 +26,5 @@ def build_llm(settings: Settings) -> LLM:
         abilities=settings.abilities,
         timeout_s=settings.llm_timeout_s,
         max_retries=settings.llm_max_retries,
+        profile=profile_for(settings.llm_base_url, settings.llm_model, settings.llm_provider),
     )

@@ -5,13 +5,14 @@ full-jitter exponential backoff on 429, 408, 409, 5xx, timeouts and connection e
 ``Retry-After`` / ``retry-after-ms`` (capped), then ``LLMUnavailableError``. Replies that cannot be used
 (a body that is not JSON, no choices, a wrong shape, any other 4xx) raise ``LLMResponseError`` at once.
 A stream is retried only until its first token was yielded, so no token ever reaches a client twice.
-Error messages name the status or kind of failure and never carry the API key.
+Error messages name the status or kind of failure and never carry the API key. What each provider
+needs of the request, and how its replies are read, is its profile's (``app.llm.providers``,
+``app.llm.replies``, ``app.llm.stream_read``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import re
@@ -37,8 +38,10 @@ from app.llm.base import (
     StreamItem,
     TextDelta,
     TokenUsage,
-    ToolCall,
 )
+from app.llm.providers import ProviderProfile, profile_for
+from app.llm.replies import ProviderReportedError, parse_completion
+from app.llm.stream_read import StreamReader, chunks
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,9 @@ RETRY_AFTER_MAX_S = 30.0
 RETRYABLE_4XX = frozenset({408, 409, 429})
 _SERVER_MESSAGE_MAX = 200
 _KEY_LIKE_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{4,}|Bearer\s+\S+)")
+# A key is masked only where it stands as a whole token (not inside a longer word or key): a short
+# key must never rewrite ordinary words.
+_TOKEN_CHARS = r"A-Za-z0-9_\-"
 # Without a key the SDK would read OPENAI_API_KEY from the environment; settings are the only source.
 _NO_KEY = "not-needed"
 
@@ -123,6 +129,7 @@ class OpenAICompatibleLLM:
         timeout_s: float = 60,
         max_retries: int = 3,
         *,
+        profile: ProviderProfile | None = None,
         http_client: httpx.AsyncClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
@@ -132,12 +139,17 @@ class OpenAICompatibleLLM:
         if max_retries < 0:
             raise ValueError("max_retries must not be negative")
         self._model = model
+        self._profile = profile or profile_for(base_url, model)
+        self._stream_usage = self._profile.stream_usage
         self._abilities = dict(abilities)
         self._timeout_s = float(timeout_s)
         self._max_retries = max_retries
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._secret = api_key or None
+        self._secret_re = (
+            re.compile(f"(?<![{_TOKEN_CHARS}]){re.escape(api_key)}(?![{_TOKEN_CHARS}])") if api_key else None
+        )
         self._owns_http = http_client is None
         self._http = http_client or default_http_client(self._timeout_s)
         self._client = openai.AsyncOpenAI(
@@ -156,6 +168,10 @@ class OpenAICompatibleLLM:
     @property
     def model_name(self) -> str:
         return self._model
+
+    @property
+    def profile(self) -> ProviderProfile:
+        return self._profile
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it (a client passed in belongs to the caller)."""
@@ -177,7 +193,7 @@ class OpenAICompatibleLLM:
         # ``messages=``/``tools=``: the SDK walks those against its TypedDicts on every call, which
         # cost more CPU than the rest of the call and grew with the conversation (about 30 ms a call
         # at 100 messages). Ours are plain JSON dicts already (``ChatMessage.to_openai``).
-        body: dict[str, Any] = {"messages": [m.to_openai() for m in messages]}
+        body: dict[str, Any] = {"messages": self._profile.wire_messages(messages)}
         if tools:
             body["tools"] = [dict(t) for t in tools]
         if tool_choice is not None:
@@ -197,93 +213,46 @@ class OpenAICompatibleLLM:
                     )
                     response = raw.http_response
                     content = await response.aread()
-                return self._chat_result(_json_body(response, content, attempts), attempts)
+                return parse_completion(_json_body(response, content, attempts), self._profile, attempts)
             except LLMResponseError:
                 raise
             except Exception as exc:
                 failure = self._classify(exc)
                 await self._after_failure(failure, attempts, exc)
 
-    def _chat_result(self, completion: object, attempts: int) -> ChatResult:
-        choices = _field(completion, "choices")
-        if not isinstance(choices, list) or not choices:
-            raise LLMResponseError("the LLM reply has no choices", attempts=attempts)
-        choice = choices[0]
-        message = _field(choice, "message")
-        if message is None:
-            raise LLMResponseError("the LLM reply's first choice has no message", attempts=attempts)
-        content = _field(message, "content")
-        if content is not None and not isinstance(content, str):
-            raise LLMResponseError("the LLM reply's message content is not text", attempts=attempts)
-        finish_reason = _field(choice, "finish_reason")
-        return ChatResult(
-            content=content,
-            tool_calls=self._tool_calls(message, attempts),
-            reasoning_content=_reasoning_content(message),
-            usage=_token_usage(_field(completion, "usage")),
-            finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-            attempts=attempts,
-        )
-
-    @staticmethod
-    def _tool_calls(message: object, attempts: int) -> tuple[ToolCall, ...]:
-        raw_calls = _field(message, "tool_calls") or []
-        if not isinstance(raw_calls, list):
-            raise LLMResponseError("the LLM reply's tool_calls is not a list", attempts=attempts)
-        calls: list[ToolCall] = []
-        for i, raw in enumerate(raw_calls):
-            function = _field(raw, "function")
-            name = _field(function, "name")
-            arguments = _field(function, "arguments")
-            call_id = _field(raw, "id")
-            if not isinstance(name, str) or not name:
-                raise LLMResponseError(
-                    f"tool call #{i} of the LLM reply has no function name", attempts=attempts
-                )
-            # Arguments stay raw text: whether they are JSON is for the engine to judge (E-27).
-            # Some compatible servers send an object instead of a string; dropping it would run
-            # the tool without its arguments, so it is kept as the JSON text it stands for.
-            if arguments is None:
-                arguments = ""
-            elif not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False, default=str)
-            calls.append(
-                ToolCall(
-                    id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
-                    name=name,
-                    arguments=arguments,
-                )
-            )
-        return tuple(calls)
-
     # -- streaming ----------------------------------------------------------------------------
 
     async def stream_chat(self, messages: Sequence[ChatMessage]) -> AsyncIterator[StreamItem]:
-        """Content deltas, then one ``StreamEnd``; retried only before the first delta went out."""
-        body: dict[str, Any] = {"messages": [m.to_openai() for m in messages]}  # see chat()
+        """Content deltas, then one ``StreamEnd``; retried only before the first delta went out.
+
+        A stream that ends with neither a finish reason nor ``[DONE]`` was cut: retried if nothing
+        was sent yet, an error otherwise (the answer is not complete)."""
+        body: dict[str, Any] = {"messages": self._profile.wire_messages(messages)}  # see chat()
         attempts = 0
         sent_any = False
         while True:
             attempts += 1
-            usage = TokenUsage()
+            reader = StreamReader(self._profile, attempts)
+            options: dict[str, Any] = (
+                {"stream_options": {"include_usage": True}} if self._stream_usage else {}
+            )
             try:
                 async with asyncio.timeout(self._timeout_s):
                     stream = await self._client.chat.completions.create(
-                        model=self._model,
-                        messages=(),
-                        stream=True,
-                        stream_options={"include_usage": True},
-                        extra_body=body,
+                        model=self._model, messages=(), stream=True, extra_body=body, **options
                     )
                 async with stream:
-                    async for chunk in _chunks(stream.response):
-                        reported = _field(chunk, "usage")
-                        if reported is not None:
-                            usage = _token_usage(reported)
-                        text = _delta_text(chunk, attempts)
+                    async for chunk in chunks(stream.response, reader):
+                        text = reader.feed(chunk)
                         if text:
                             sent_any = True
                             yield TextDelta(text)
+                if not reader.complete:
+                    raise _StreamCutError
+                tail = reader.finish()
+                if tail:
+                    sent_any = True
+                    yield TextDelta(tail)
             except LLMResponseError:
                 raise
             except Exception as exc:
@@ -295,10 +264,23 @@ class OpenAICompatibleLLM:
                         f"the LLM stream broke after tokens were sent: {failure.description}",
                         attempts=attempts,
                     ) from exc
+                if self._refused_stream_options(failure):
+                    continue  # old Azure API versions: ask again without it, usage as they give it
                 await self._after_failure(failure, attempts, exc)
                 continue
-            yield StreamEnd(usage=usage, attempts=attempts)
+            yield StreamEnd(
+                usage=reader.usage or TokenUsage(), attempts=attempts, finish_reason=reader.finish_reason
+            )
             return
+
+    def _refused_stream_options(self, failure: _Failure) -> bool:
+        if self._stream_usage and failure.rejected_status == 400 and "stream_options" in failure.description:
+            logger.warning(
+                "llm_stream_options_refused model=%s: streams go on without usage options", self._model
+            )
+            self._stream_usage = False
+            return True
+        return False
 
     # -- failures -----------------------------------------------------------------------------
 
@@ -336,6 +318,12 @@ class OpenAICompatibleLLM:
         return self._rng.uniform(0.0, ceiling)
 
     def _classify(self, exc: Exception) -> _Failure:
+        if isinstance(exc, ProviderReportedError):
+            detail = self._scrub(exc.message)[:_SERVER_MESSAGE_MAX]
+            code = f"{exc.status}: " if exc.status is not None else ""
+            return _Failure(f"provider error ({code}{detail})", exc.retryable, None, exc.status)
+        if isinstance(exc, _StreamCutError):
+            return _Failure("the stream ended before the answer was complete", retryable=True)
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             retryable = status in RETRYABLE_4XX or status >= 500
@@ -361,6 +349,8 @@ class OpenAICompatibleLLM:
 
     def _server_message(self, exc: openai.APIStatusError) -> str:
         body = exc.body
+        if isinstance(body, list) and len(body) == 1:
+            body = body[0]  # Gemini's OpenAI-compatible endpoint: [{"error": {...}}]
         message: object = None
         if isinstance(body, Mapping):
             error = body.get("error", body)
@@ -371,8 +361,8 @@ class OpenAICompatibleLLM:
 
     def _scrub(self, text: str) -> str:
         """Remove the API key and anything that looks like a key from text bound for an error message."""
-        if self._secret:
-            text = text.replace(self._secret, "***")
+        if self._secret_re is not None:
+            text = self._secret_re.sub("***", text)
         return _KEY_LIKE_RE.sub("***", text)
 
 
@@ -401,78 +391,5 @@ def _json_body(response: Any, content: bytes, attempts: int) -> object:
         raise LLMResponseError(f"the LLM reply {problem}", attempts=attempts) from None
 
 
-def _reasoning_content(message: object) -> str | None:
-    # DeepSeek-style providers add ``reasoning_content`` next to ``content``.
-    value = _field(message, "reasoning_content")
-    return value if isinstance(value, str) and value else None
-
-
-def _field(obj: object, name: str) -> Any:
-    """``obj.name`` of an SDK object, or ``obj[name]`` of a chunk read off the wire."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
-# Where an event-stream line ends: CR, LF or CRLF, and nothing else. httpx's ``aiter_lines`` also
-# ends lines at U+2028, U+0085 and the like (``str.splitlines``), which a JSON chunk may carry raw
-# in a string; that would cut a token's chunk in two. A trailing CR waits for a possible LF.
-_LINE_END = re.compile(r"\r\n|\r(?!$)|\n")
-
-
-async def _lines(response: Any) -> AsyncIterator[str]:
-    pending = ""
-    async for text in response.aiter_text():
-        *lines, pending = _LINE_END.split(pending + text)
-        for line in lines:
-            yield line
-    if pending:
-        yield pending
-
-
-async def _chunks(response: Any) -> AsyncIterator[object]:
-    """The JSON chunks of an OpenAI-style SSE body, parsed straight off the wire.
-
-    The SDK's own iterator builds a pydantic object per chunk: about 150 µs of CPU a token, most of a
-    run's CPU and the cap on a worker's token throughput; orjson takes a few µs. The body is read to
-    its end (past ``[DONE]``) so that the connection goes back to the pool. ``response`` is the
-    stream's HTTP response (typed by the SDK as its own httpx fork, though it is our httpx client's).
-    """
-    async for line in _lines(response):
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if not data or data == "[DONE]":
-            continue
-        chunk = orjson.loads(data)
-        error = chunk.get("error") if isinstance(chunk, Mapping) else None
-        if error:
-            message = error.get("message") if isinstance(error, Mapping) else None
-            if not isinstance(message, str) or not message:
-                message = "An error occurred during streaming"
-            # What the SDK raises for an error chunk, so that it is classified the same way.
-            raise openai.APIError(message, response.request, body=error)
-        yield chunk
-
-
-def _token_usage(raw: object) -> TokenUsage:
-    if raw is None:
-        return TokenUsage()
-
-    def count(name: str) -> int:
-        value = _field(raw, name)
-        return value if isinstance(value, int) and value >= 0 else 0
-
-    prompt, completion = count("prompt_tokens"), count("completion_tokens")
-    return TokenUsage(prompt, completion, count("total_tokens") or prompt + completion)
-
-
-def _delta_text(chunk: object, attempts: int) -> str | None:
-    choices = _field(chunk, "choices")
-    if choices is None:
-        return None
-    if not isinstance(choices, list):
-        raise LLMResponseError("an LLM stream chunk has malformed choices", attempts=attempts)
-    if not choices:
-        return None  # the usage chunk
-    delta = _field(choices[0], "delta")
-    content = _field(delta, "content")
-    return content if isinstance(content, str) else None
+class _StreamCutError(Exception):
+    """The stream closed with neither a finish reason nor ``[DONE]``."""

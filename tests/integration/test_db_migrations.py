@@ -243,3 +243,41 @@ async def test_the_approvals_revision_keeps_runs_and_their_checkpoints_and_undoe
     assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_live'") == "failed"
     assert await scalar(database_url, "SELECT count(*) FROM run_checkpoints") == 1
     assert "approvals" not in await inspect_database(database_url, table_names)
+
+
+async def test_the_message_reasoning_revision_keeps_messages_and_stores_reasoning_both_ways(
+    database_url: str,
+) -> None:
+    await asyncio.to_thread(upgrade_database, database_url, "0003")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    await execute(
+        database_url,
+        "INSERT INTO conversations (id, owner, title, agent_config, created_at, updated_at) "
+        "VALUES ('conv_old', 'alice', 'old', '{}', :now, :now)",
+        {"now": now},
+    )
+    await execute(
+        database_url,
+        "INSERT INTO messages (conversation_id, run_id, seq, role, content, tool_calls, pinned, created_at) "
+        "VALUES ('conv_old', NULL, 0, 'user', 'hi', NULL, false, :now)",
+        {"now": now},
+    )
+
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    assert await scalar(database_url, "SELECT content FROM messages WHERE seq = 0") == "hi"
+    assert await scalar(database_url, "SELECT reasoning FROM messages WHERE seq = 0") is None
+    await execute(
+        database_url,
+        "INSERT INTO messages (conversation_id, run_id, seq, role, content, tool_calls, pinned, created_at, "
+        "reasoning) VALUES ('conv_old', NULL, 1, 'assistant', 'ok', NULL, false, :now, 'thought')",
+        {"now": now},
+    )
+    assert await scalar(database_url, "SELECT reasoning FROM messages WHERE seq = 1") == "thought"
+
+    await asyncio.to_thread(downgrade_database, database_url, "0003")
+    columns = await inspect_database(
+        database_url, lambda c: {col["name"] for col in inspect(c).get_columns("messages")}
+    )
+    assert "reasoning" not in columns
+    assert await scalar(database_url, "SELECT count(*) FROM messages") == 2

@@ -37,6 +37,7 @@ class StreamScript:
     deltas: Sequence[str]
     error: Exception | None = None
     usage: TokenUsage = field(default_factory=lambda: TokenUsage(10, 5, 15))
+    finish_reason: str | None = "stop"
 
 
 Reply = ChatResult | Exception | StreamScript | Callable[[list[ChatMessage], dict[str, Any]], Any]
@@ -124,7 +125,7 @@ class ScriptedLLM:
             yield TextDelta(d)
         if reply.error is not None:
             raise reply.error
-        yield StreamEnd(reply.usage)
+        yield StreamEnd(reply.usage, finish_reason=reply.finish_reason)
 
     @property
     def remaining(self) -> int:

@@ -118,6 +118,7 @@ class MessageRecord:
     name: str | None
     pinned: bool
     created_at: datetime
+    reasoning: str | None = None
 
     def to_chat_message(self) -> ChatMessage:
         return ChatMessage(
@@ -127,6 +128,7 @@ class MessageRecord:
             tool_call_id=self.tool_call_id,
             name=self.name,
             pinned=self.pinned,
+            reasoning=self.reasoning,
         )
 
 
@@ -174,12 +176,14 @@ def _message_record(row: Any) -> MessageRecord:
         role=row.role,  # only ChatMessage roles are ever written
         content=row.content,
         tool_calls=tuple(
-            ToolCall(id=tc["id"], name=tc["name"], arguments=tc["arguments"]) for tc in row.tool_calls or ()
+            ToolCall(id=tc["id"], name=tc["name"], arguments=tc["arguments"], extra=tc.get("extra"))
+            for tc in row.tool_calls or ()
         ),
         tool_call_id=row.tool_call_id,
         name=row.name,
         pinned=row.pinned,
         created_at=row.created_at,
+        reasoning=row.reasoning,
     )
 
 
@@ -240,18 +244,23 @@ async def _append_messages(
                 "seq": first_seq + offset,
                 "role": message.role,
                 "content": message.content,
-                "tool_calls": [
-                    {"id": tc.id, "name": tc.name, "arguments": tc.arguments} for tc in message.tool_calls
-                ]
-                or None,
+                "tool_calls": [_stored_call(tc) for tc in message.tool_calls] or None,
                 "tool_call_id": message.tool_call_id,
                 "name": message.name,
                 "pinned": message.pinned,
+                "reasoning": message.reasoning,
                 "created_at": now,
             }
             for offset, message in enumerate(messages)
         ],
     )
+
+
+def _stored_call(call: ToolCall) -> dict[str, Any]:
+    stored: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if call.extra:
+        stored["extra"] = dict(call.extra)
+    return stored
 
 
 async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMessage]:
@@ -260,8 +269,9 @@ async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMess
 
 async def _history_and_next_seq(session: AsyncSession, conversation_id: str) -> tuple[list[ChatMessage], int]:
     """The conversation's messages and the seq the next one takes."""
-    rows = await session.execute(_HISTORY, {"b_conversation": conversation_id})
-    records = [_message_record(row) for row in rows]
+    records = [
+        _message_record(row) for row in await session.execute(_HISTORY, {"b_conversation": conversation_id})
+    ]
     return [record.to_chat_message() for record in records], (records[-1].seq + 1 if records else 0)
 
 

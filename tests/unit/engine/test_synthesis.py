@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.engine.context import text_tokens
 from app.engine.events import AnswerDelta, AnswerDone, AnswerStarted, Usage
 from app.engine.prompts import SYNTHESIS_SYSTEM
@@ -189,3 +191,36 @@ async def test_run_with_mid_stream_synthesis_failure_completes_with_the_loop_ans
     assert deltas(log) == ["Hal"]
     assert result.answer == "short loop answer" and result.status == "completed"
     assert log.of(AnswerStarted) and log.kinds[-2:] == ["answer_done", "done"]
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "says"),
+    [
+        ("length", "output token limit"),
+        ("content_filter", "content filter"),
+        ("error", "provider reported an error"),
+    ],
+)
+async def test_a_streamed_answer_the_provider_cut_keeps_its_text_and_says_it_was_cut(
+    scripted_llm: MakeLLM, finish_reason: str, says: str
+) -> None:
+    llm = scripted_llm([StreamScript(["The answer ", "is cut"], finish_reason=finish_reason)])
+    log = EventLog()
+    result = await run_synthesis(llm, log)
+    assert result.answer == "The answer is cut" == "".join(deltas(log))
+    assert result.error is not None and says in result.error and "cut off" in result.error
+
+
+async def test_a_non_streamed_answer_cut_at_the_output_limit_says_so(scripted_llm: MakeLLM) -> None:
+    cut = ChatResult(content="Half an answ", usage=TokenUsage(10, 5, 15), finish_reason="length")
+    llm = scripted_llm([cut], abilities={"tool_call": True, "json_mode": True, "streaming": False})
+    log = EventLog()
+    result = await run_synthesis(llm, log)
+    assert result.answer == "Half an answ"
+    assert result.error is not None and "output token limit" in result.error
+
+
+async def test_an_answer_that_ended_normally_has_no_error(scripted_llm: MakeLLM) -> None:
+    llm = scripted_llm([StreamScript(["Done."], finish_reason="stop")])
+    result = await run_synthesis(llm, EventLog())
+    assert (result.answer, result.error) == ("Done.", None)

@@ -1,0 +1,138 @@
+"""Reading an OpenAI-style SSE stream straight off the wire, in every shape providers send.
+
+``chunks(response, reader)`` yields the JSON chunks of the body (``data:`` lines), turns the
+error forms into ``ProviderReportedError`` (an error chunk ``data: {"error": ...}`` as OpenRouter
+and vLLM send it, llama.cpp server's ``error: {...}`` lines, an ``event: error`` block) and notes
+the ``[DONE]`` line. ``StreamReader.feed`` takes one chunk and returns the answer text it carries:
+content as a string or as blocks, from any choice, with ``<think>`` thinking held back where the
+profile says so and the reasoning fields (``reasoning_content``, ``reasoning``) never taken for
+text; it keeps the last usage reported (cumulative on every chunk, on the finish chunk, on a
+chunk of its own, or in ``x_groq.usage``: the last one is the call's) and the finish reason.
+
+This is the per-token path of a worker (bench/RESULTS.md): chunks are parsed with orjson and read
+as plain dicts, the SDK's per-chunk objects are never built.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.llm.base import LLMResponseError, TokenUsage
+from app.llm.providers import ProviderProfile
+from app.llm.replies import ThinkTags, reported_error, text_and_thinking, token_usage
+
+# Where an event-stream line ends: CR, LF or CRLF, and nothing else. httpx's ``aiter_lines`` also
+# ends lines at U+2028, U+0085 and the like (``str.splitlines``), which a JSON chunk may carry raw
+# in a string; that would cut a token's chunk in two. A trailing CR waits for a possible LF.
+_LINE_END = re.compile(r"\r\n|\r(?!$)|\n")
+
+
+async def _lines(response: Any) -> AsyncIterator[str]:
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = _LINE_END.split(pending + text)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
+
+
+@dataclass(slots=True)
+class StreamReader:
+    """One streamed reply being read; see the module docstring."""
+
+    profile: ProviderProfile
+    attempts: int = 1
+    usage: TokenUsage | None = None
+    finish_reason: str | None = None
+    saw_done: bool = False
+    tags: ThinkTags | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.profile.think_tags and self.tags is None:
+            self.tags = ThinkTags(opened=self.profile.opens_thinking)
+
+    @property
+    def complete(self) -> bool:
+        """The provider said the answer ended (a finish reason, or ``[DONE]``)."""
+        return self.saw_done or self.finish_reason is not None
+
+    def feed(self, chunk: object) -> str:
+        if not isinstance(chunk, Mapping):
+            raise LLMResponseError("an LLM stream chunk is not a JSON object", attempts=self.attempts)
+        error = chunk.get("error")
+        if error:
+            raise reported_error(error)
+        if chunk.get("object") == "error":  # vLLM's ErrorResponse sent as a chunk
+            raise reported_error(chunk)
+        if "usage" in chunk or "x_groq" in chunk:
+            usage = token_usage(chunk)
+            if usage is not None:
+                self.usage = usage
+        choices = chunk.get("choices")
+        if not choices:
+            return ""  # a usage chunk, a keep-alive, an empty list
+        if not isinstance(choices, list):
+            raise LLMResponseError("an LLM stream chunk has malformed choices", attempts=self.attempts)
+        out = ""
+        for choice in choices:
+            if not isinstance(choice, Mapping):
+                continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                self.finish_reason = reason
+            delta = choice.get("delta")
+            if not isinstance(delta, Mapping):
+                continue
+            content = delta.get("content")
+            text = content if isinstance(content, str) else text_and_thinking(content)[0]
+            if text:
+                out += self.tags.feed(text) if self.tags is not None else text
+        return out
+
+    def finish(self) -> str:
+        """Answer text still held back when the stream ended."""
+        return self.tags.finish() if self.tags is not None else ""
+
+
+async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:
+    """The JSON chunks of an SSE body; see the module docstring. The body is read to its end (past
+    ``[DONE]``) so that the connection goes back to the pool."""
+    event = ""
+    async for line in _lines(response):
+        if not line:
+            event = ""  # a blank line ends an SSE event
+            continue
+        if line.startswith("event:"):
+            event = line[6:].strip()
+            continue
+        if line.startswith("error:"):  # llama.cpp's server: "error: {json}"
+            raise reported_error(_json_or_text(line[6:].strip()))
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if not data:
+            continue
+        if data == "[DONE]":
+            reader.saw_done = True
+            continue
+        if reader.saw_done:
+            continue  # read to the end for the connection's sake, but nothing counts after [DONE]
+        if event == "error":
+            raise reported_error(_json_or_text(data))
+        yield orjson.loads(data)
+
+
+def _json_or_text(data: str) -> object:
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data
+    if isinstance(parsed, Mapping) and isinstance(parsed.get("error"), Mapping | str):
+        return parsed["error"]
+    return parsed
