@@ -56,7 +56,8 @@ def estimate_tokens(message: ChatMessage) -> int:
         tokens += TOOL_CALL_OVERHEAD_TOKENS + text_tokens(call.id) + text_tokens(call.name)
         tokens += text_tokens(call.arguments)
     tokens += text_tokens(message.tool_call_id) + text_tokens(message.name)
-    return tokens
+    # Kept only for a provider that wants it back, so it is sent with every request.
+    return tokens + text_tokens(message.reasoning)
 
 
 @dataclass(frozen=True, slots=True)

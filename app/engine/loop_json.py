@@ -33,7 +33,7 @@ class JsonStrategy:
 
     def parse(self, reply: ChatResult) -> ParsedReply:
         content = reply.content or ""
-        assistant = ChatMessage(role="assistant", content=content, reasoning=reply.reasoning_content)
+        assistant = ChatMessage(role="assistant", content=content, reasoning=reply.kept_reasoning)
         action = extract_json(content) if content.strip() else None
         parsed = self._read_action(action, reply, assistant) if action is not None else None
         if parsed is None:

@@ -34,7 +34,7 @@ class NativeStrategy:
     def parse(self, reply: ChatResult) -> ParsedReply:
         if not reply.tool_calls:
             content = reply.content or ""
-            assistant = ChatMessage(role="assistant", content=content, reasoning=reply.reasoning_content)
+            assistant = ChatMessage(role="assistant", content=content, reasoning=reply.kept_reasoning)
             return ParsedReply("final", reply.reasoning_content or "", assistant, answer=content)
         calls = []
         for tc in reply.tool_calls:
@@ -44,7 +44,7 @@ class NativeStrategy:
             role="assistant",
             content=reply.content,
             tool_calls=reply.tool_calls,
-            reasoning=reply.reasoning_content,  # some providers want it back (app.llm.providers)
+            reasoning=reply.kept_reasoning,  # for a provider that wants it back
         )
         reasoning = reply.content or reply.reasoning_content or ""
         return ParsedReply("tools", reasoning, assistant, calls=tuple(calls))

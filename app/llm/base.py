@@ -83,6 +83,9 @@ class ChatResult:
     usage: TokenUsage = field(default_factory=TokenUsage)
     finish_reason: str | None = None
     attempts: int = 1
+    kept_reasoning: str | None = None
+    """The reasoning the provider wants sent back with this message in later requests (DeepSeek's
+    thinking mode); None for every provider that does not (``app.llm.providers``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,15 @@ the settings (the API key is unwrapped from its ``SecretStr`` only here).
 
 from __future__ import annotations
 
+import logging
+
 from app.llm.base import LLM
 from app.llm.demo import DemoLLM
 from app.llm.openai_client import OpenAICompatibleLLM
 from app.llm.providers import profile_for
 from app.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def build_llm(settings: Settings) -> LLM:
@@ -19,6 +23,8 @@ def build_llm(settings: Settings) -> LLM:
         # so that steps appear one by one and a follow-up can arrive while the loop still works.
         return DemoLLM(delay_s=settings.demo_delay_s, think_s=settings.demo_delay_s * 15)
     api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
+    profile = profile_for(settings.llm_base_url, settings.llm_model, settings.llm_provider)
+    logger.info("llm model=%s provider profile=%s", settings.llm_model, profile.name)
     return OpenAICompatibleLLM(
         base_url=settings.llm_base_url,
         api_key=api_key,
@@ -26,5 +32,5 @@ def build_llm(settings: Settings) -> LLM:
         abilities=settings.abilities,
         timeout_s=settings.llm_timeout_s,
         max_retries=settings.llm_max_retries,
-        profile=profile_for(settings.llm_base_url, settings.llm_model, settings.llm_provider),
+        profile=profile,
     )

@@ -17,10 +17,11 @@ import logging
 import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import aiohttp
 import httpx
@@ -40,7 +41,7 @@ from app.llm.base import (
     TokenUsage,
 )
 from app.llm.providers import ProviderProfile, profile_for
-from app.llm.replies import ProviderReportedError, parse_completion
+from app.llm.replies import ProviderReportedError, parse_completion, template_opens_thinking
 from app.llm.stream_read import StreamReader, chunks
 
 logger = logging.getLogger(__name__)
@@ -140,21 +141,26 @@ class OpenAICompatibleLLM:
             raise ValueError("max_retries must not be negative")
         self._model = model
         self._profile = profile or profile_for(base_url, model)
-        self._stream_usage = self._profile.stream_usage
+        self._stream_usage = True  # until a server refuses stream_options (old Azure versions)
         self._abilities = dict(abilities)
         self._timeout_s = float(timeout_s)
         self._max_retries = max_retries
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self._secret = api_key or None
         self._secret_re = (
             re.compile(f"(?<![{_TOKEN_CHARS}]){re.escape(api_key)}(?![{_TOKEN_CHARS}])") if api_key else None
         )
         self._owns_http = http_client is None
         self._http = http_client or default_http_client(self._timeout_s)
+        # A query in the base URL (Azure's ``?api-version=``) goes on every request: the SDK would
+        # put the path after it.
+        url = urlsplit(base_url or DEFAULT_BASE_URL)
+        headers = {"api-key": api_key} if api_key and self._profile.api_key_header else None
         self._client = openai.AsyncOpenAI(
-            base_url=base_url or DEFAULT_BASE_URL,
+            base_url=urlunsplit(url._replace(query="", fragment="")),
             api_key=api_key or _NO_KEY,
+            default_query=dict(parse_qsl(url.query)) or None,
+            default_headers=headers,
             timeout=self._timeout_s,
             max_retries=0,
             # The SDK's annotations name httpx2, but it accepts (and maps the errors of) an httpx client.
@@ -192,7 +198,7 @@ class OpenAICompatibleLLM:
         # The body goes to the SDK as ``extra_body`` (merged into the request as it is), not as
         # ``messages=``/``tools=``: the SDK walks those against its TypedDicts on every call, which
         # cost more CPU than the rest of the call and grew with the conversation (about 30 ms a call
-        # at 100 messages). Ours are plain JSON dicts already (``ChatMessage.to_openai``).
+        # at 100 messages). Ours are plain JSON dicts already (``ProviderProfile.wire_messages``).
         body: dict[str, Any] = {"messages": self._profile.wire_messages(messages)}
         if tools:
             body["tools"] = [dict(t) for t in tools]
@@ -207,13 +213,15 @@ class OpenAICompatibleLLM:
             try:
                 async with asyncio.timeout(self._timeout_s):
                     # The raw reply, parsed with orjson: the SDK's pydantic objects for it cost
-                    # more CPU than the rest of the call (as for streams, see _chunks).
+                    # more CPU than the rest of the call (as for streams: app.llm.stream_read).
                     raw = await self._client.chat.completions.with_raw_response.create(
                         model=self._model, messages=(), extra_body=body
                     )
                     response = raw.http_response
                     content = await response.aread()
-                return parse_completion(_json_body(response, content, attempts), self._profile, attempts)
+                body_json = _json_body(response, content, attempts)
+                self._learn_thinking(body_json)
+                return parse_completion(body_json, self._profile, attempts)
             except LLMResponseError:
                 raise
             except Exception as exc:
@@ -272,6 +280,14 @@ class OpenAICompatibleLLM:
                 usage=reader.usage or TokenUsage(), attempts=attempts, finish_reason=reader.finish_reason
             )
             return
+
+    def _learn_thinking(self, body: object) -> None:
+        """A reply that closes a ``</think>`` it never opened shows that the model's template opens
+        the tag: this model's streams are then held back until it closes, like those of the models
+        known by name (a stream cannot take back what it sent)."""
+        if self._profile.think_tags and not self._profile.opens_thinking and template_opens_thinking(body):
+            logger.info("llm_thinking_opened_by_template model=%s", self._model)
+            self._profile = replace(self._profile, opens_thinking=True)
 
     def _refused_stream_options(self, failure: _Failure) -> bool:
         if self._stream_usage and failure.rejected_status == 400 and "stream_options" in failure.description:

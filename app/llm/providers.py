@@ -68,8 +68,8 @@ class ProviderProfile:
     """Never a ``user`` message right after a ``tool`` message (Mistral)."""
     tool_call_id_length: int | None = None
     """Tool call ids must be exactly this many ``[a-zA-Z0-9]`` characters (Mistral: 9)."""
-    stream_usage: bool = True
-    """Ask for usage in streams (``stream_options``); dropped by itself where a server refuses it."""
+    api_key_header: bool = False
+    """Send the key as an ``api-key`` header too (Azure's dated API versions read only that)."""
 
     def wire_messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         """The history as this provider accepts it (the engine's own copy is never changed)."""
@@ -125,10 +125,10 @@ _BASE = ProviderProfile("openai-compatible")
 PROFILES: dict[str, ProviderProfile] = {
     "openai": ProviderProfile("openai", think_tags=False),
     # Azure serves DeepSeek-R1 too, its thinking in <think> tags (Azure AI model inference docs).
-    "azure": ProviderProfile("azure"),
+    "azure": ProviderProfile("azure", api_key_header=True),
     "deepseek": ProviderProfile("deepseek", reasoning_back=True),
     "gemini": ProviderProfile("gemini", think_tags=False, call_fields_back=("extra_content",)),
-    "mistral": ProviderProfile("mistral", think_tags=False, assistant_after_tool=True, tool_call_id_length=9),
+    "mistral": ProviderProfile("mistral", assistant_after_tool=True, tool_call_id_length=9),
     "groq": ProviderProfile("groq"),
     "openrouter": ProviderProfile("openrouter"),
     "together": ProviderProfile("together"),
@@ -139,7 +139,9 @@ PROFILES: dict[str, ProviderProfile] = {
     "llamacpp": ProviderProfile("llamacpp"),
     "openai-compatible": _BASE,
 }
-"""Every profile by the name ``LLM_PROVIDER`` takes."""
+"""Every profile by the name ``LLM_PROVIDER`` takes. The self-hosted servers and most gateways
+need what the generic profile does: their names are there so that a deployment can say what it
+talks to (and a later difference has its place), and are never guessed from a port."""
 
 # Host suffixes of the hosted providers.
 _HOSTS: tuple[tuple[str, str], ...] = (
@@ -155,8 +157,6 @@ _HOSTS: tuple[tuple[str, str], ...] = (
     ("api.together.xyz", "together"),
     ("api.together.ai", "together"),
 )
-# The default ports of the self-hosted servers: only a name for the profile (they all need the same).
-_PORTS = {11434: "ollama", 1234: "lmstudio", 8080: "llamacpp", 8000: "vllm", 30000: "sglang"}
 
 
 def profile_for(base_url: str | None, model: str, provider: str | None = None) -> ProviderProfile:
@@ -164,15 +164,14 @@ def profile_for(base_url: str | None, model: str, provider: str | None = None) -
 
     Raises ``ValueError`` for an unknown ``provider`` name.
     """
-    if provider:
+    if provider:  # named: exactly that profile, nothing guessed
         try:
-            profile = PROFILES[provider.strip().lower()]
+            return PROFILES[provider.strip().lower()]
         except KeyError:
             raise ValueError(
                 f"unknown LLM provider {provider!r}; known: {', '.join(sorted(PROFILES))}"
             ) from None
-    else:
-        profile = _from_url(base_url)
+    profile = _from_url(base_url)
     if profile.think_tags and _OPENS_THINKING.search(model):
         profile = replace(profile, opens_thinking=True)
     if profile.name != "mistral" and _MISTRAL_MODEL.search(model):
@@ -192,10 +191,4 @@ def _from_url(base_url: str | None) -> ProviderProfile:
             return PROFILES[name]
     if "/openai/deployments/" in parts.path:
         return PROFILES["azure"]
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port in _PORTS:
-        return PROFILES[_PORTS[port]]
     return _BASE

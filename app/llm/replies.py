@@ -10,7 +10,7 @@ error. What is read, for every provider (each shape is named where it comes from
   the start of the text (``ThinkTags``);
 * tool calls in whichever choice carries them (gateways that split text and calls into two choices,
   a lone choice with ``index: 1``), whatever the ``finish_reason`` says, arguments as text or as an
-  object, missing or empty ids replaced by ids unique within the process;
+  object; a missing or empty id stays empty, and the engine names the call (unique in its run);
 * usage from ``usage`` or Groq's ``x_groq.usage``, absent or ``null`` as nothing reported;
 * errors inside a 200 (``{"error": {...}}`` with no choices, an error chunk in a stream, as
   OpenRouter, vLLM and llama.cpp's server send them): ``ProviderReportedError`` with the provider's
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +48,8 @@ class ProviderReportedError(Exception):
 
 
 def field_of(obj: object, name: str) -> Any:
-    """``obj[name]`` of a mapping read off the wire, ``obj.name`` of an SDK object."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
-def new_call_id() -> str:
-    """An id for a tool call the provider sent without one: unique within the run, not ``call_0``
-    again on every reply (the tool results would answer the wrong call)."""
-    return "call_" + secrets.token_hex(8)
+    """``obj[name]`` of a JSON object read off the wire; None for anything else."""
+    return obj.get(name) if isinstance(obj, dict) else None
 
 
 def reported_error(error: object) -> ProviderReportedError:
@@ -73,9 +66,10 @@ def reported_error(error: object) -> ProviderReportedError:
     else:
         message, code, kind, status = error, None, None, None
     text = message if isinstance(message, str) and message.strip() else "the provider reported an error"
-    if isinstance(code, int) or (isinstance(code, str) and code.isdigit()):
-        status = status or int(code)
-    if status is not None and status >= 400:
+    if status is None and isinstance(code, int | str) and str(code).isascii() and str(code).isdigit():
+        # A code is an HTTP status only where it looks like one (Mistral's 3230 is not).
+        status = int(code) if 400 <= int(code) <= 599 else None
+    if status is not None and 400 <= status <= 599:
         retryable = status in (408, 409, 429) or status >= 500
         return ProviderReportedError(text, retryable=retryable, status=None if retryable else status)
     words = " ".join(str(x) for x in (code, kind, text) if x)
@@ -87,7 +81,7 @@ def token_usage(container: object) -> TokenUsage | None:
     raw = field_of(container, "usage")
     if raw is None:
         raw = field_of(field_of(container, "x_groq"), "usage")
-    if raw is None or not (isinstance(raw, Mapping) or hasattr(raw, "prompt_tokens")):
+    if not isinstance(raw, dict):
         return None
 
     def count(name: str) -> int:
@@ -136,19 +130,36 @@ def reasoning_fields(message: object) -> str:
     return ""
 
 
-def split_think_tags(text: str, *, opened: bool) -> tuple[str, str]:
-    """(thinking, answer) of a whole reply whose thinking may be in ``<think>`` tags."""
+def split_think_tags(text: str, *, opened: bool, ended: bool = True) -> tuple[str, str]:
+    """(thinking, answer) of a whole reply whose thinking may be in ``<think>`` tags.
+
+    ``opened``: the chat template opened the tag, so the reply starts inside it; ``ended``: the
+    reply ended by itself (not cut at the output limit). A reply that opened the tag, or started
+    inside it, and was cut before closing it is all thinking: it has no answer yet.
+    """
     stripped = text.lstrip()
     if stripped.startswith(_OPEN):
         end = stripped.find(_CLOSE)
-        if end < 0:  # cut off while thinking: no answer yet
+        if end < 0:
             return stripped[len(_OPEN) :].strip(), ""
         return stripped[len(_OPEN) : end].strip(), stripped[end + len(_CLOSE) :].lstrip()
     end = text.find(_CLOSE)
     if end >= 0 and (opened or _OPEN not in text):
         # The chat template opened the tag: only its end is in the reply.
         return text[:end].strip(), text[end + len(_CLOSE) :].lstrip()
+    if opened and not ended:
+        return text.strip(), ""
     return "", text
+
+
+def template_opens_thinking(body: object) -> bool:
+    """A reply whose text closes a ``</think>`` it never opened: the model's template opens the tag
+    (and no reasoning parser took the thinking out)."""
+    for choice in field_of(body, "choices") or ():
+        content = field_of(field_of(choice, "message"), "content")
+        if isinstance(content, str) and _CLOSE in content and _OPEN not in content:
+            return True
+    return False
 
 
 def parse_completion(body: object, profile: ProviderProfile, attempts: int) -> ChatResult:
@@ -169,7 +180,7 @@ def parse_completion(body: object, profile: ProviderProfile, attempts: int) -> C
     saw_message = False
     for choice in sorted(choices, key=_choice_index):
         message = field_of(choice, "message")
-        if not isinstance(message, Mapping):
+        if not isinstance(message, dict):
             continue
         saw_message = True
         text, blocks_thinking = text_and_thinking(message.get("content"))
@@ -177,7 +188,10 @@ def parse_completion(body: object, profile: ProviderProfile, attempts: int) -> C
             raise LLMResponseError("the LLM reply's message content is not text", attempts=attempts)
         reasoning = reasoning_fields(message) or blocks_thinking
         if text and profile.think_tags:
-            tagged, text = split_think_tags(text, opened=profile.opens_thinking)
+            # A server that puts the thinking in a field of its own sends the answer as the text.
+            opened = profile.opens_thinking and not reasoning
+            ended = field_of(choice, "finish_reason") in ("stop", "tool_calls", None)
+            tagged, text = split_think_tags(text, opened=opened, ended=ended)
             reasoning = "\n\n".join(part for part in (reasoning, tagged) if part)
         if text:
             texts.append(text)
@@ -197,6 +211,7 @@ def parse_completion(body: object, profile: ProviderProfile, attempts: int) -> C
         content=content,
         tool_calls=tuple(calls),
         reasoning_content="\n\n".join(thinking) or None,
+        kept_reasoning=("\n\n".join(thinking) or None) if profile.reasoning_back else None,
         usage=token_usage(body) or TokenUsage(),
         finish_reason=finish_reason,
         attempts=attempts,
@@ -230,10 +245,10 @@ def _tool_calls(raw_calls: object, profile: ProviderProfile, attempts: int) -> l
             arguments = json.dumps(arguments, ensure_ascii=False, default=str)
         calls.append(
             ToolCall(
-                id=call_id if isinstance(call_id, str) and call_id.strip() else new_call_id(),
+                id=call_id if isinstance(call_id, str) and call_id.strip() else "",
                 name=name,
                 arguments=arguments,
-                extra=profile.kept_call_fields(raw) if isinstance(raw, Mapping) else None,
+                extra=profile.kept_call_fields(raw) if isinstance(raw, dict) else None,
             )
         )
     return calls
@@ -245,7 +260,9 @@ class ThinkTags:
     chunks: ``feed`` returns only answer text, never a character of the thinking.
 
     With ``opened`` (the chat template opened the tag) everything is held back until ``</think>``
-    arrives; a reply that never closes it had no thinking, and ``finish`` hands it all over then.
+    arrives; a reply that ends by itself without one had no thinking, and ``finish`` hands it all
+    over then (one cut at the output limit was still thinking: nothing). A server that sends the
+    thinking in a field of its own (``separated``) sends the answer as the text.
     """
 
     opened: bool = False
@@ -253,7 +270,8 @@ class ThinkTags:
     held: str = ""
     tagged: bool = False
     """The reply opened the tag itself."""
-    thinking: list[str] = field(default_factory=list)
+    unclosed: list[str] = field(default_factory=list)
+    """What an ``opened`` reply said before any ``</think>``: its thinking, or its whole answer."""
 
     def feed(self, piece: str) -> str:
         if self.state == "answer":
@@ -273,28 +291,39 @@ class ThinkTags:
             end = self.held.find(_CLOSE)
             if end < 0:
                 keep = _partial_suffix(self.held, _CLOSE)
-                self.thinking.append(self.held[: len(self.held) - keep])
+                if not self.tagged:
+                    self.unclosed.append(self.held[: len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep :]
                 return ""
-            self.thinking.append(self.held[:end])
+            self.unclosed.clear()
             self.state, self.held = "after", self.held[end + len(_CLOSE) :]
         # "after": the blank lines between the thinking and the answer are not the answer.
         self.held = self.held.lstrip()
         return self._answer() if self.held else ""
 
-    def finish(self) -> str:
-        """What is still held at the stream's end that belongs to the answer."""
-        if self.state == "thinking" and not self.tagged:
-            # Held for a closing tag that never came: the model did not think, all of it was
-            # the answer.
-            text = "".join(self.thinking) + self.held
-            self.thinking.clear()
-            self.state, self.held = "answer", ""
-            return text
+    def separated(self) -> str:
+        """The server sends the thinking apart: what was held for a tag the text will not have is
+        answer text."""
+        if self.tagged or self.state in ("after", "answer"):
+            return ""
+        return self._release()
+
+    def finish(self, *, ended: bool = True) -> str:
+        """What is still held at the stream's end that belongs to the answer; ``ended``: the
+        provider ended the reply (not a cut at the output limit)."""
         if self.state == "start":
-            text, self.held, self.state = self.held, "", "answer"
-            return text
+            return self._answer()
+        if self.state == "thinking" and not self.tagged:
+            # Held for a closing tag that never came: a reply that ended had no thinking, all of
+            # it was the answer; one that was cut was thinking still.
+            return self._release() if ended else ""
         return ""
+
+    def _release(self) -> str:
+        text = "".join(self.unclosed) + self.held
+        self.unclosed.clear()
+        self.held, self.state = "", "answer"
+        return text
 
     def _answer(self) -> str:
         text, self.held, self.state = self.held, "", "answer"

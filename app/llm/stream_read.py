@@ -30,6 +30,7 @@ from app.llm.replies import ThinkTags, reported_error, text_and_thinking, token_
 # ends lines at U+2028, U+0085 and the like (``str.splitlines``), which a JSON chunk may carry raw
 # in a string; that would cut a token's chunk in two. A trailing CR waits for a possible LF.
 _LINE_END = re.compile(r"\r\n|\r(?!$)|\n")
+_CUT_REASONS = frozenset({"length", "content_filter", "error"})
 
 
 async def _lines(response: Any) -> AsyncIterator[str]:
@@ -63,41 +64,49 @@ class StreamReader:
         return self.saw_done or self.finish_reason is not None
 
     def feed(self, chunk: object) -> str:
-        if not isinstance(chunk, Mapping):
+        # Plain dicts (orjson makes nothing else) checked with ``type() is``: an ABC isinstance
+        # per chunk, choice and delta costs more than reading them.
+        if type(chunk) is not dict:
             raise LLMResponseError("an LLM stream chunk is not a JSON object", attempts=self.attempts)
-        error = chunk.get("error")
-        if error:
-            raise reported_error(error)
+        if chunk.get("error"):
+            raise reported_error(chunk["error"])
         if chunk.get("object") == "error":  # vLLM's ErrorResponse sent as a chunk
             raise reported_error(chunk)
-        if "usage" in chunk or "x_groq" in chunk:
+        if chunk.get("usage") or "x_groq" in chunk:  # OpenAI sends "usage": null on every chunk
             usage = token_usage(chunk)
             if usage is not None:
                 self.usage = usage
         choices = chunk.get("choices")
         if not choices:
             return ""  # a usage chunk, a keep-alive, an empty list
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             raise LLMResponseError("an LLM stream chunk has malformed choices", attempts=self.attempts)
         out = ""
         for choice in choices:
-            if not isinstance(choice, Mapping):
+            if type(choice) is not dict:
                 continue
             reason = choice.get("finish_reason")
-            if isinstance(reason, str):
+            if reason and type(reason) is str:
                 self.finish_reason = reason
             delta = choice.get("delta")
-            if not isinstance(delta, Mapping):
+            if type(delta) is not dict:
                 continue
             content = delta.get("content")
-            text = content if isinstance(content, str) else text_and_thinking(content)[0]
-            if text:
-                out += self.tags.feed(text) if self.tags is not None else text
+            text = content if type(content) is str else text_and_thinking(content)[0]
+            if self.tags is not None:
+                if delta.get("reasoning_content") or delta.get("reasoning"):
+                    out += self.tags.separated()
+                if text:
+                    out += self.tags.feed(text)
+            elif text:
+                out += text
         return out
 
     def finish(self) -> str:
         """Answer text still held back when the stream ended."""
-        return self.tags.finish() if self.tags is not None else ""
+        if self.tags is None:
+            return ""
+        return self.tags.finish(ended=self.finish_reason not in _CUT_REASONS)
 
 
 async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:

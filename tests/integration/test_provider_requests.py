@@ -89,7 +89,7 @@ def history_after(first: ChatResult, *, then_user: str | None = None) -> list[Ch
             role="assistant",
             content=first.content,
             tool_calls=first.tool_calls,
-            reasoning=first.reasoning_content,
+            reasoning=first.kept_reasoning,  # what the engine keeps (loop_native)
         ),
         ChatMessage(role="tool", content="4", tool_call_id=first.tool_calls[0].id),
     ]
@@ -269,3 +269,42 @@ async def test_another_400_on_a_stream_is_still_a_rejection(server: FakeOpenAISe
         [item async for item in make_llm().stream_chat(QUESTION)]
 
     assert len(server.requests) == 1
+
+
+async def test_azure_gets_its_api_version_on_every_request_and_the_key_as_an_api_key_header(
+    server: FakeOpenAIServer,
+) -> None:
+    # Azure OpenAI REST reference: a deployment URL takes ?api-version= and the key in "api-key".
+    server.script(FakeReply.text("4"), FakeReply.stream(["4"]))
+    base = f"{server.base_url}/openai/deployments/gpt4o?api-version=2024-06-01"
+    llm = OpenAICompatibleLLM(base, "azure-key-123", "gpt4o", ABILITIES, timeout_s=5.0)
+    try:
+        assert llm.profile.name == "azure"
+        await llm.chat(QUESTION)
+        [item async for item in llm.stream_chat(QUESTION)]
+    finally:
+        await llm.aclose()
+
+    for received in server.received:
+        assert received.path == "/v1/openai/deployments/gpt4o/chat/completions"
+        assert received.query == "api-version=2024-06-01"
+        assert received.headers["api-key"] == "azure-key-123"
+
+
+async def test_only_azure_gets_the_api_key_header(server: FakeOpenAIServer, make_llm: Any) -> None:
+    server.script(FakeReply.text("4"))
+    await make_llm().chat(QUESTION)
+    assert "api-key" not in server.received[0].headers
+
+
+async def test_the_reasoning_is_kept_for_sending_back_only_where_the_provider_wants_it(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    thinking = {"reasoning_content": "The user wants 2+2."}
+    server.script(tool_call_reply(**thinking), tool_call_reply(**thinking))
+
+    deepseek = await make_llm(PROFILES["deepseek"]).chat(QUESTION, tools=TOOLS)
+    generic = await make_llm().chat(QUESTION, tools=TOOLS)
+
+    assert deepseek.kept_reasoning == deepseek.reasoning_content == "The user wants 2+2."
+    assert generic.reasoning_content == "The user wants 2+2." and generic.kept_reasoning is None

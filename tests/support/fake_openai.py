@@ -57,6 +57,7 @@ class ReceivedRequest:
     path: str
     headers: dict[str, str]
     body: dict[str, Any] | None
+    query: str = ""
 
 
 class _ConnectionDropped(Exception):
@@ -273,7 +274,7 @@ class FakeOpenAIServer:
             return False
         lines = head.decode("latin-1").split("\r\n")
         method, _, rest = lines[0].partition(" ")
-        path = rest.rsplit(" ", 1)[0].split("?", 1)[0]
+        path, _, query = rest.rsplit(" ", 1)[0].partition("?")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             if ":" in line:
@@ -290,7 +291,8 @@ class FakeOpenAIServer:
             }
             await self._write(writer, HttpResponse(200, orjson.dumps(models)), keep_alive)
             return keep_alive
-        if method != "POST" or path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+        # Any path ending in chat/completions: Azure's deployment URLs too (with their query).
+        if method != "POST" or not path.partition("?")[0].rstrip("/").endswith("/chat/completions"):
             self._record(method, path, headers, None)
             err = {"error": {"message": f"no route {method} {path}", "type": "not_found"}}
             await self._write(writer, HttpResponse(404, orjson.dumps(err)), keep_alive)
@@ -305,7 +307,7 @@ class FakeOpenAIServer:
             await self._write(writer, HttpResponse(400, orjson.dumps(err)), keep_alive)
             return keep_alive
 
-        self._record(method, path, headers, body)
+        self._record(method, path, headers, body, query)
         reply = self._choose(body)
         if reply is None:
             err = {"error": {"message": "unscripted request: the fake server has no reply for it"}}
@@ -313,9 +315,11 @@ class FakeOpenAIServer:
             return keep_alive
         return await self._answer(writer, reply, body, keep_alive)
 
-    def _record(self, method: str, path: str, headers: dict[str, str], body: dict[str, Any] | None) -> None:
+    def _record(
+        self, method: str, path: str, headers: dict[str, str], body: dict[str, Any] | None, query: str = ""
+    ) -> None:
         with self._lock:
-            self._received.append(ReceivedRequest(method, path, headers, body))
+            self._received.append(ReceivedRequest(method, path, headers, body, query))
 
     @staticmethod
     async def _read_body(reader: asyncio.StreamReader, headers: Mapping[str, str]) -> bytes:

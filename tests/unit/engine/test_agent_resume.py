@@ -33,9 +33,10 @@ class PlanningLLM:
     calls, whichever attempt asks. Native or JSON mode; ``steps`` tool rounds, the second of
     them with a parallel ``send`` (a tool that must not run twice) beside ``add``."""
 
-    def __init__(self, *, native: bool, steps: int = 3) -> None:
+    def __init__(self, *, native: bool, steps: int = 3, ids: tuple[str, str] = ("call_0", "call_1")) -> None:
         self.native = native
         self.steps = steps
+        self.ids = ids
         self.chat_calls = 0
         self.stream_calls = 0
 
@@ -61,9 +62,9 @@ class PlanningLLM:
                 return ChatResult(content="final", usage=usage)
             return ChatResult(content=json.dumps({"type": "final_answer", "answer": "final"}), usage=usage)
         if self.native:
-            calls = [ToolCall("call_0", "add", json.dumps({"a": done, "b": 1}))]
+            calls = [ToolCall(self.ids[0], "add", json.dumps({"a": done, "b": 1}))]
             if done == 1:
-                calls.append(ToolCall("call_1", "send", json.dumps({"to": "bob"})))
+                calls.append(ToolCall(self.ids[1], "send", json.dumps({"to": "bob"})))
             return ChatResult(content=None, tool_calls=tuple(calls), usage=usage)
         name, args = ("send", {"to": "bob"}) if done == 1 else ("add", {"a": done, "b": 1})
         action = {"type": "tool_call", "tool_name": name, "tool_args": args, "reasoning": f"step {done}"}
@@ -279,9 +280,18 @@ async def test_a_run_without_checkpoints_behaves_as_before() -> None:
     assert [name for name, _ in tools.runs] == ["add", "add", "send", "add"]
 
 
-async def test_call_ids_and_keys_are_unique_within_a_run_when_the_provider_repeats_them() -> None:
+@pytest.mark.parametrize(
+    "ids",
+    [("call_0", "call_1"), ("", "")],
+    ids=["repeated on every reply", "empty (the LLM layer leaves them)"],
+)
+async def test_call_ids_and_keys_are_unique_within_a_run_when_the_provider_repeats_them(
+    ids: tuple[str, str],
+) -> None:
     tools = Tools()
-    result = await agent(PlanningLLM(native=True), tools).run("add things", sink=EventLog(), run_id="r")
+    result = await agent(PlanningLLM(native=True, ids=ids), tools).run(
+        "add things", sink=EventLog(), run_id="r"
+    )
 
     keys = [key for _, key in tools.runs]
     assert len(keys) == 4 and len(set(keys)) == 4, keys

@@ -465,3 +465,11 @@ async def test_compaction_of_random_conversations_never_breaks_tool_call_pairs()
             assert event == Compacted(original_messages=len(messages), kept_messages=len(out))
             assert len(out) == len(kept_originals) + 1
     assert compacted > 100
+
+
+def test_the_reasoning_kept_for_a_provider_counts_in_the_estimate() -> None:
+    # DeepSeek's thinking is sent back with every later request: it takes context like content.
+    plain = ChatMessage(role="assistant", content="ok")
+    thinking = ChatMessage(role="assistant", content="ok", reasoning="x" * 4000)
+
+    assert estimate_tokens(thinking) - estimate_tokens(plain) == 1000

@@ -362,3 +362,54 @@ async def test_an_event_name_ends_with_its_block() -> None:
 async def test_a_data_line_that_is_not_json_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         await read(FakeBody("data: {not json\n\n"))
+
+
+# -- review fixes ----------------------------------------------------------------------------
+
+
+def test_an_empty_finish_reason_does_not_make_the_stream_complete() -> None:
+    reader = StreamReader(GENERIC)
+    reader.feed(chunk({"content": "a"}, finish=""))
+
+    assert reader.complete is False
+
+
+def test_vllms_error_response_sent_as_a_chunk_raises_its_message() -> None:
+    # vLLM's ErrorResponse ({"object": "error", "message", "type", "code"}) written into a stream.
+    error = {"object": "error", "message": "The model overloaded", "type": "ServiceUnavailable", "code": 503}
+
+    with pytest.raises(ProviderReportedError, match="The model overloaded") as caught:
+        StreamReader(GENERIC).feed(error)
+    assert caught.value.retryable is True
+
+
+def test_an_opened_stream_cut_at_the_output_limit_hands_nothing_over() -> None:
+    reader = StreamReader(OPENED)
+
+    text = feed_all(
+        reader, chunk({"content": "Still comparing "}), chunk({"content": "9.11"}, finish="length")
+    )
+
+    assert text == ""
+
+
+def test_a_reasoning_delta_releases_what_an_opened_profile_held_as_answer() -> None:
+    # OpenRouter (deepseek/deepseek-r1): "reasoning" deltas apart, the content is the answer.
+    reader = StreamReader(OPENED)
+
+    first = reader.feed(chunk({"content": None, "reasoning": "2+2 is 4."}))
+    second = reader.feed(chunk({"content": "Just 4."}))
+
+    assert (first, second) == ("", "Just 4.")
+
+
+async def test_nothing_after_done_counts() -> None:
+    reader = StreamReader(GENERIC)
+    body = FakeBody(
+        data(chunk({"content": "a"}, finish="stop")), "data: [DONE]\n\n", data(chunk({"content": "x"}))
+    )
+
+    items = await read(body, reader)
+
+    assert items == [chunk({"content": "a"}, finish="stop")]
+    assert body.read_to_end
