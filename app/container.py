@@ -8,6 +8,7 @@ from typing import Any
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.session import Database
+from app.llm.models import ModelRegistry
 from app.observability import Metrics
 from app.runs.manager import RunManager
 from app.settings import Settings
@@ -28,5 +29,6 @@ class Services:
     metrics: Metrics
     owner_keys: dict[str, str]
     approvals: ApprovalRepo
+    models: ModelRegistry
     redis: Any = None
     extras: dict[str, Any] = field(default_factory=dict)

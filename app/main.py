@@ -22,6 +22,7 @@ from app import __version__
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
 from app.api.routes import approvals, conversations, health, openai_compat, runs, stream, tools
+from app.api.routes import models as model_routes
 from app.container import Services
 from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
@@ -30,7 +31,7 @@ from app.db.repositories.follow_ups import FollowUpRepo
 from app.db.repositories.notes import NoteRepo
 from app.db.session import Database
 from app.engine.hooks import AuditHook, AuditRecord, HookRegistry, ToolRateLimit
-from app.llm.factory import build_llm
+from app.llm.factory import build_models
 from app.observability import Metrics, configure_logging
 from app.runs.follow_ups import DurableInterruptQueue, FollowUpHints, MemoryFollowUpHints
 from app.runs.instrumented import InstrumentedLLM
@@ -69,9 +70,11 @@ async def build_services(settings: Settings) -> Services:
     owner_keys = settings.owner_keys()
     if not owner_keys:
         log.warning("API_KEYS is unset: running in single-user mode (owner 'local'), no authentication")
+    metrics = Metrics()
+    # First: a bad LLM_MODELS stops the start before anything is opened (ModelConfigError).
+    models = build_models(settings, wrap=lambda name, llm: InstrumentedLLM(llm, metrics, name))
     await asyncio.to_thread(upgrade_database, settings.database_url)
     db = Database(settings.database_url)
-    metrics = Metrics()
     conversations_repo = ConversationRepo(db.sessionmaker)
     runs_repo = RunRepo(db.sessionmaker)
     events_repo = EventRepo(db.sessionmaker)
@@ -107,7 +110,6 @@ async def build_services(settings: Settings) -> Services:
     ) -> DurableInterruptQueue:
         return DurableInterruptQueue(follow_ups, hints, conversation_id, position=position, seen=seen)
 
-    llm = InstrumentedLLM(build_llm(settings), metrics)
     registry = default_registry(notes=NoteRepo(db.sessionmaker))
     mcp_tools = await connect_mcp_tools(settings.mcp_servers, registry)
     audit = _audit_logger()
@@ -128,7 +130,7 @@ async def build_services(settings: Settings) -> Services:
         runs=runs_repo,
         events=events_repo,
         bus=bus,
-        llm=llm,
+        models=models,
         tools=registry,
         interrupts=interrupts,
         follow_ups=follow_ups,
@@ -151,7 +153,8 @@ async def build_services(settings: Settings) -> Services:
         metrics=metrics,
         owner_keys=owner_keys,
         redis=redis_client,
-        extras={"llm": llm, "mcp": mcp_tools},
+        extras={"mcp": mcp_tools},
+        models=models,
         approvals=approvals_repo,
     )
 
@@ -161,7 +164,7 @@ async def close_services(services: Services) -> None:
     for closer in (
         services.extras["mcp"].aclose,
         services.bus.close,
-        services.extras["llm"].aclose,
+        services.models.aclose,
         services.db.dispose,
     ):
         try:
@@ -194,7 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         log.info(
-            "ready", extra={"worker": services.manager.worker_id, "model": services.extras["llm"].model_name}
+            "ready", extra={"worker": services.manager.worker_id, "models": ",".join(services.models.names)}
         )
         try:
             yield
@@ -210,7 +213,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit)
-    for module in (health, tools, conversations, approvals, runs, stream, openai_compat):
+    for module in (health, tools, model_routes, conversations, approvals, runs, stream, openai_compat):
         app.include_router(module.router)
 
     index = WEB_DIR / "index.html"

@@ -114,14 +114,23 @@ class Metrics:
             "agentstream_events_published_total", "Events published to the bus", registry=r
         )
         self.llm_calls = Counter(
-            "agentstream_llm_calls_total", "LLM calls, by kind and outcome", ["kind", "outcome"], registry=r
+            "agentstream_llm_calls_total",
+            "LLM calls, by kind, outcome and model (LLM_MODELS' name)",
+            ["kind", "outcome", "model"],
+            registry=r,
         )
         self.llm_latency = Histogram(
             "agentstream_llm_latency_seconds",
-            "LLM call latency (stream: until the last token)",
-            ["kind"],
+            "LLM call latency (stream: until the last token), by kind and model",
+            ["kind", "model"],
             registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.llm_tokens = Counter(
+            "agentstream_llm_tokens_total",
+            "Tokens the providers reported, by model and type (prompt, completion)",
+            ["model", "type"],
+            registry=r,
         )
         self.tool_calls = Counter(
             "agentstream_tool_calls_total", "Tool calls, by tool and outcome", ["tool", "outcome"], registry=r

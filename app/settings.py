@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(default=3, ge=0, le=20)
     llm_provider: str | None = None
     """The provider profile (app.llm.providers); unset: found from LLM_BASE_URL and LLM_MODEL."""
+    llm_models: SecretStr | None = None
+    """JSON list of models (app.llm.models); a secret, as it holds their keys."""
 
     # storage and transport
     database_url: str = DEFAULT_DATABASE_URL
@@ -67,7 +69,7 @@ class Settings(BaseSettings):
     demo_delay_s: float = Field(default=0.03, ge=0, le=5)
     """Pause between the words the demo model streams, so that a person can watch it type."""
 
-    @field_validator("llm_base_url", "redis_url", "mcp_servers", "llm_provider", mode="before")
+    @field_validator("llm_base_url", "redis_url", "mcp_servers", "llm_provider", "llm_models", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

@@ -56,8 +56,7 @@ def run_out(run: RunRecord, model: str, pending_approvals: list[dict[str, Any]] 
         attempt=run.attempt,
         model=model,
         pending_approvals=pending_approvals or [],
-        # No tracing yet: no trace.
-        trace_id=None,
+        trace_id=run.trace_id,
     )
 
 

@@ -97,6 +97,8 @@ class AgentSpec(BaseModel):
     """Tools whose calls wait for a person (``["*"]``: every tool; RUNS.md A-01)."""
     max_iterations: Annotated[int, Field(ge=1, le=200), BeforeValidator(_integral)] | None = None
     completion_check: bool = True
+    model: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    """A configured model's name (GET /api/models); unset: the default."""
     system_prompt: (
         Annotated[
             str,
@@ -212,6 +214,15 @@ class RunStarted(BaseModel):
     conversation_id: str
     status: Literal["running"]
     stream_url: str
+
+
+class ModelInfo(BaseModel):
+    name: str
+    """What ``agent.model`` and ``/v1/chat/completions``' ``model`` name it by."""
+    model: str
+    """The provider's model name."""
+    abilities: dict[str, bool]
+    default: bool
 
 
 class RunOut(BaseModel):

@@ -53,10 +53,13 @@ class ChatSession:
         self._max_retries = max_retries
         self._sleep = sleep
 
-    def chat(self, question: str, conversation_id: str | None = None) -> int:
-        """Send ``question`` (in a new conversation unless one is given) and follow the run."""
+    def chat(self, question: str, conversation_id: str | None = None, *, model: str | None = None) -> int:
+        """Send ``question`` (in a new conversation on ``model`` unless one is given) and follow
+        the run."""
+        if conversation_id is not None and model is not None:
+            raise CliError("--model picks the model of a new conversation; drop --conversation or --model")
         if conversation_id is None:
-            conversation = self._client.create_conversation()
+            conversation = self._client.create_conversation(model=model)
             conversation_id = conversation.get("id") or conversation.get("conversation_id")
             if not isinstance(conversation_id, str):
                 raise CliError("the server created a conversation but sent no id")

@@ -87,8 +87,13 @@ class ApiClient:
     def close(self) -> None:
         self._http.close()
 
-    def create_conversation(self) -> dict[str, Any]:
-        return self._object(self.request("POST", "/api/conversations", json={}))
+    def create_conversation(self, *, model: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"agent": {"model": model}} if model else {}
+        return self._object(self.request("POST", "/api/conversations", json=body))
+
+    def list_models(self) -> list[dict[str, Any]]:
+        models = self.request("GET", "/api/models")
+        return models if isinstance(models, list) else []
 
     def list_conversations(self, *, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         params: dict[str, str | int] = {}

@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("question", help="what to ask")
     chat.add_argument("--conversation", metavar="ID", help="continue this conversation instead of a new one")
+    chat.add_argument(
+        "--model",
+        metavar="NAME",
+        help="the model of a new conversation (see `agentstream models`; default: the server's)",
+    )
     chat.add_argument("-v", "--verbose", action="store_true", help="show reasoning and full tool output")
     chat.set_defaults(handler=cmd_chat)
 
@@ -145,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     conversations.add_argument("--limit", type=_positive_int, metavar="N", help="at most N conversations")
     conversations.add_argument("--cursor", metavar="CURSOR", help="continue a previous listing")
     conversations.set_defaults(handler=cmd_conversations)
+
+    models = commands.add_parser("models", parents=[remote, as_json], help="list the models agents can use")
+    models.set_defaults(handler=cmd_models)
     return parser
 
 
@@ -188,7 +196,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     with _client(args) as client:
         session = ChatSession(client, _renderer(args), Prompt(interactive=sys.stdin.isatty()))
-        return session.chat(args.question, args.conversation)
+        return session.chat(args.question, args.conversation, model=args.model)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -295,6 +303,19 @@ def cmd_conversations(args: argparse.Namespace) -> int:
         print(f"{item.get('id', '?')}  {when}  {item.get('title') or '(untitled)'}{active}")
     if page.get("next_cursor"):
         print(f"more: agentstream conversations --cursor {page['next_cursor']}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        models = client.list_models()
+    if args.json:
+        print(json.dumps(models, indent=2, ensure_ascii=False))
+        return 0
+    for item in models:
+        abilities = ",".join(name for name, on in (item.get("abilities") or {}).items() if on)
+        default = "  (default)" if item.get("default") else ""
+        print(f"{item.get('name', '?')}  {item.get('model', '?')}  {abilities}{default}")
     return 0
 
 

@@ -186,6 +186,10 @@ class Run(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     lost_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The configured model the run is bound to for every call (E-02; LLM_MODELS' name), and the
+    # trace its spans belong to (null without tracing). Null for runs older than models.
+    model: Mapped[str | None] = mapped_column(String(100))
+    trace_id: Mapped[str | None] = mapped_column(String(32))
 
 
 class RunEvent(Base):

@@ -186,6 +186,20 @@ class RunResumed:
 
 
 @dataclass(frozen=True, slots=True)
+class FellBack:
+    """A call of the run went to its model's fallback: the model stayed unavailable after its
+    retries (API.md, ``phase`` ``fallback``). Names are LLM_MODELS' names."""
+
+    from_model: str
+    to_model: str
+    kind: Literal["fallback"] = "fallback"
+    channel: ClassVar[Channel] = "phase"
+
+    def data(self) -> dict[str, Any]:
+        return {"phase": "fallback", "from_model": self.from_model, "to_model": self.to_model}
+
+
+@dataclass(frozen=True, slots=True)
 class Injected:
     content: str
     kind: Literal["inject"] = "inject"
@@ -252,11 +266,13 @@ class RunDone:
     status: RunStatus
     error: str | None = None
     pending_injections: tuple[str, ...] = field(default=())
+    model: str | None = None
+    """The configured model the run was bound to (the service sets it; the engine knows none)."""
     kind: Literal["done"] = "done"
     channel: ClassVar[Channel] = "done"
 
     def data(self) -> dict[str, Any]:
-        return {
+        data = {
             "answer": self.answer,
             "iterations": self.iterations,
             "usage": dict(self.usage),
@@ -265,6 +281,9 @@ class RunDone:
             "error": self.error,
             "pending_injections": list(self.pending_injections),
         }
+        if self.model is not None:
+            data["model"] = self.model
+        return data
 
 
 EngineEvent = (
@@ -278,6 +297,7 @@ EngineEvent = (
     | AnswerDone
     | Compacted
     | PhaseChanged
+    | FellBack
     | RunResumed
     | Injected
     | ApprovalRequested

@@ -29,6 +29,7 @@ from app.engine.events import (
     AnswerDelta,
     ApprovalRequested,
     EngineEvent,
+    FellBack,
     IterationDone,
     RunDone,
     RunResumed,
@@ -37,7 +38,8 @@ from app.engine.events import (
 )
 from app.engine.hooks import HookRegistry
 from app.engine.state import RunCheckpoint
-from app.llm.base import LLM, ChatMessage
+from app.llm.base import ChatMessage
+from app.llm.models import ModelRegistry
 from app.observability import Metrics, conversation_id_var, run_id_var
 from app.runs.approvals import ApprovalDesk, RunApprovals, approval_policy
 from app.runs.closing import (
@@ -93,6 +95,8 @@ class ActiveRun:
     answer_parts: list[str] = field(default_factory=list)
     """The answer deltas this attempt sent: a run stopped mid-answer reports them as its answer, so
     the deltas a client saw after the last ``resumed`` still add up to ``done.answer``."""
+    model: str | None = None
+    """The configured model the run is bound to (its row's ``model``; None: the default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +199,7 @@ class Executor:
         runs: RunRepo,
         events: EventRepo,
         bus: EventBus,
-        llm: LLM,
+        models: ModelRegistry,
         tools: ToolRegistry,
         interrupts: InterruptQueues,
         hooks: Callable[[], HookRegistry],
@@ -213,7 +217,7 @@ class Executor:
         self.runs = runs
         self.events = events
         self.bus = bus
-        self.llm = llm
+        self.models = models
         self.tools = tools
         self.interrupt_queue = interrupts
         self.hooks = hooks
@@ -327,8 +331,19 @@ class Executor:
         policy = approval_policy(self.settings, conversation)
         if policy is not None:
             hooks.add_pre(policy)
+        model = self.models.resolve(active.model)
+        active.model = model
+
+        async def fell_back(from_model: str, to_model: str) -> None:
+            log.warning(
+                "a call went to the model's fallback: the model stayed unavailable after its retries",
+                extra={"from_model": from_model, "to_model": to_model},
+            )
+            await publisher.publish(FellBack(from_model, to_model))
+
+        llm = self.models.for_run(model, fell_back)
         agent = ReActAgent(
-            self.llm, self._tools_for(conversation), agent_config(self.settings, conversation), hooks
+            llm, self._tools_for(conversation), agent_config(self.settings, conversation), hooks
         )
         checkpointer = RunCheckpointer(
             publisher,
@@ -490,7 +505,7 @@ class Executor:
         # Untaken follow-ups stay in the conversation for the next run.
         new_messages += follow_up_messages(pending)
         if result is not None and engine_done:
-            done = replace(engine_done[-1], pending_injections=tuple(pending))
+            done = replace(engine_done[-1], pending_injections=tuple(pending), model=active.model)
         else:
             done = RunDone(
                 answer=result.answer if result is not None else "".join(active.answer_parts),
@@ -500,6 +515,7 @@ class Executor:
                 status=status,  # type: ignore[arg-type]
                 error=error,
                 pending_injections=tuple(pending),
+                model=active.model,
             )
 
         run_id, attempt, taken = active.run_id, active.attempt, queue.position

@@ -29,7 +29,8 @@ from app.db.repositories.follow_ups import FollowUpRepo
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueueFullError
 from app.errors import FollowUpQueueFullError, NoActiveRunError, RunActiveConflict, ShuttingDownError
-from app.llm.base import LLM, ChatMessage
+from app.llm.base import ChatMessage
+from app.llm.models import ModelRegistry
 from app.observability import Metrics
 from app.runs.approvals import ApprovalDesk
 from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues
@@ -54,7 +55,7 @@ class RunManager:
         runs: RunRepo,
         events: EventRepo,
         bus: EventBus,
-        llm: LLM,
+        models: ModelRegistry,
         tools: ToolRegistry,
         interrupts: InterruptQueues,
         follow_ups: FollowUpRepo,
@@ -87,7 +88,7 @@ class RunManager:
             runs=runs,
             events=events,
             bus=bus,
-            llm=llm,
+            models=models,
             tools=tools,
             interrupts=interrupts,
             hooks=hooks,
@@ -214,6 +215,7 @@ class RunManager:
                 lease_s=self.settings.run_lease_s,
                 start_cursor=later_cursor(bus_last, None),
                 prior=prior,
+                model=self.executor.models.resolve((conversation.agent_config or {}).get("model")),
             )
         except RunActiveError as exc:
             raise RunActiveConflict("a run is already active in this conversation") from exc
@@ -221,7 +223,12 @@ class RunManager:
         # moment before its close) is in this run's history now (RunRepo.start).
         self.metrics.runs_started.inc()
         self.executor.launch(
-            ActiveRun(run.id, conv_id), conversation, message, history, run.start_cursor, seen=seen
+            ActiveRun(run.id, conv_id, model=run.model),
+            conversation,
+            message,
+            history,
+            run.start_cursor,
+            seen=seen,
         )
         return run
 

@@ -332,6 +332,11 @@ class Takeover:
                 await self.close_unheld(claimed, state, "failed", unreadable)
             elif claimed.cancel_requested:
                 await self.close_unheld(claimed, state, "cancelled", "cancelled by the user")
+            elif claimed.model is not None and claimed.model not in self.executor.models:
+                # Its checkpoints were made for that model (its mode, its provider's messages):
+                # another model cannot carry them on (E-02).
+                error = f"the run's model {claimed.model!r} is no longer configured (LLM_MODELS)"
+                await self.close_unheld(claimed, state, "failed", error)
             elif claimed.lost_attempts >= self.settings.run_max_attempts:
                 error = (
                     f"the run's worker was lost {claimed.lost_attempts} times "
@@ -364,6 +369,7 @@ class Takeover:
             started=time.monotonic() - max(0.0, time.time() - run.created_at.timestamp()),
             usage=state.usage(),
             iterations=state.iterations(),
+            model=run.model,
         )
         # Only a run that asked for approvals has decisions to read.
         asked = state.pending is not None and bool(state.pending.awaiting)
@@ -405,6 +411,7 @@ class Takeover:
             status=status,  # type: ignore[arg-type]
             error=error,
             pending_injections=tuple(pending),
+            model=run.model,
         )
 
         async def close(event: StoredEvent) -> bool:

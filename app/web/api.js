@@ -80,8 +80,14 @@ export class ApiClient {
     return this.request("GET", `/api/conversations?limit=50${query}`);
   }
 
-  createConversation(title) {
-    return this.request("POST", "/api/conversations", title ? { title } : {});
+  createConversation(title, model) {
+    const body = title ? { title } : {};
+    if (model) body.agent = { model };
+    return this.request("POST", "/api/conversations", body);
+  }
+
+  listModels() {
+    return this.request("GET", "/api/models");
   }
 
   getConversation(id) {

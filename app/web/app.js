@@ -13,6 +13,7 @@ import { ApiClient, ApiError } from "./api.js";
 import { keyDialog } from "./key_dialog.js";
 import { renderMarkdown } from "./markdown.js";
 import { renderInbox } from "./approvals.js";
+import { fillModelPicker, pickedModel } from "./models.js";
 import { RunView, el } from "./run_view.js";
 import { clearSnapshot, flushSnapshot, loadSnapshot, scheduleSnapshot } from "./snapshots.js";
 import { StreamHttpError, followStream } from "./sse.js";
@@ -27,6 +28,8 @@ const dom = {
   inbox: $("inbox-section"),
   inboxList: $("inbox-list"),
   newConversation: $("new-conversation"),
+  model: $("model-picker"),
+  modelLabel: $("model-picker-label"),
   title: $("chat-title"),
   runPill: $("run-pill"),
   deleteConversation: $("delete-conversation"),
@@ -164,6 +167,7 @@ async function refreshList() {
     reportError(err);
   }
   refreshInbox();
+  fillModelPicker(api, dom.model, dom.modelLabel);
 }
 
 /** The pending approvals of every conversation (RUNS.md A-05), above the conversation list. */
@@ -453,7 +457,7 @@ async function ensureConversation(firstMessage) {
   if (state.current) return state.current;
   const firstLine = firstMessage.split("\n")[0].trim();
   const title = firstLine.length > 80 ? `${firstLine.slice(0, 79)}…` : firstLine;
-  const conversation = await api.createConversation(title);
+  const conversation = await api.createConversation(title, pickedModel(dom.model, dom.modelLabel));
   history.pushState(null, "", `#/c/${encodeURIComponent(conversation.id)}`);
   state.conversations.unshift(conversation);
   renderList();
@@ -561,7 +565,7 @@ for (const [textarea, form] of [
 dom.newConversation.addEventListener("click", async () => {
   dom.newConversation.disabled = true;
   try {
-    const conversation = await api.createConversation();
+    const conversation = await api.createConversation(null, pickedModel(dom.model, dom.modelLabel));
     state.conversations.unshift(conversation);
     renderList();
     navigateTo(conversation.id);

@@ -281,3 +281,45 @@ async def test_the_message_reasoning_revision_keeps_messages_and_stores_reasonin
     )
     assert "reasoning" not in columns
     assert await scalar(database_url, "SELECT count(*) FROM messages") == 2
+
+
+async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes_cleanly(
+    database_url: str,
+) -> None:
+    await asyncio.to_thread(upgrade_database, database_url, "0004")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    await execute(
+        database_url,
+        "INSERT INTO conversations (id, owner, title, agent_config, created_at, updated_at) "
+        "VALUES ('conv_old', 'alice', 'old', '{}', :now, :now)",
+        {"now": now},
+    )
+    columns = ", ".join(FINISHED_RUN)
+    await execute(
+        database_url,
+        f"INSERT INTO runs ({columns}) VALUES ({', '.join(':' + c for c in FINISHED_RUN)})",
+        FINISHED_RUN,
+    )
+
+    def run_columns(conn: Connection) -> set[str]:
+        return {col["name"] for col in inspect(conn).get_columns("runs")}
+
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    assert {"model", "trace_id"} <= await inspect_database(database_url, run_columns)
+    db = Database(database_url)
+    try:
+        run = await RunRepo(db.sessionmaker).get("alice", "run_old")
+    finally:
+        await db.dispose()
+    assert run is not None
+    assert (run.model, run.trace_id) == (None, None)
+    assert (run.status, run.answer, run.iterations, run.usage["llm_calls"]) == ("completed", "4", 2, 3)
+    assert run.finished_at == FINISHED_RUN["finished_at"]
+
+    # And back: 0004 knows neither column, and keeps the run.
+    await asyncio.to_thread(downgrade_database, database_url, "0004")
+    assert await inspect_database(database_url, run_columns) & {"model", "trace_id"} == set()
+    assert await scalar(database_url, "SELECT count(*) FROM runs") == 1
+    assert await scalar(database_url, "SELECT answer FROM runs WHERE id = 'run_old'") == "4"
+    assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_old'") == "completed"

@@ -1,25 +1,5 @@
-"""The agent every fake provider plays (``tests.support.fake_providers`` has the families).
-
-Every fake is a handler (``server.set_handler(fake)``) that plays the same small, well-behaved
-agent, so that a run through the service ends with an answer the test knows:
-
-* a loop call whose turn (the messages after the last question ``"What is <expr>?"``, or
-  ``"What is <expr>, then <expr>?"`` for two steps) has no calculator result yet calls the
-  ``calculator`` tool with the next expression (native mode: a tool call; JSON mode: a
-  ``tool_call`` action in the text);
-* once every expression has its result, it answers ``"The answer is <value>."`` with the value of
-  the result that answers its *latest* call, found by that call's id (native) or as the latest
-  observation (JSON mode): results that answer the wrong call give a wrong answer;
-* a streamed call (synthesis) streams the same sentence, read from the ``Result:`` lines of the
-  trace the request carries.
-
-Each family adds what its provider adds (the thinking where that provider puts it, usage where it
-reports it, its ids, its error shapes) and REFUSES what the real provider refuses, with the real
-provider's status and error body. Every shape names the public source it comes from. What a fake
-served is kept for the tests: ``thoughts`` (every piece of thinking, in order), ``reported`` (the
-usage of every reply, as the provider meant it: the final count of a stream, once),
-``refusals`` (the request bodies it refused), ``served_ids`` and the per-family records below.
-"""
+"""``ProviderAgent``: the small agent every fake provider of ``tests.support.fake_providers`` plays
+(that module's docstring says how it answers), and the wire helpers the families share."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 OpenAI-compatible servers, each speaking that family's real wire shapes.
 
 Every fake is a handler (``server.set_handler(fake)``) that plays the same small, well-behaved
-agent, so that a run through the service ends with an answer the test knows:
+agent (``tests.support.fake_provider_agent.ProviderAgent``), so that a run through the service
+ends with an answer the test knows:
 
 * a loop call whose turn (the messages after the last question ``"What is <expr>?"``, or
   ``"What is <expr>, then <expr>?"`` for two steps) has no calculator result yet calls the

@@ -70,6 +70,8 @@ async def create_conversation(
     ]
     if unknown:
         raise InvalidInputError(f"unknown tools: {', '.join(unknown)}; see GET /api/tools")
+    if "model" in agent and agent["model"] not in services.models:
+        raise InvalidInputError(f"unknown model {agent['model']!r}; see GET /api/models")
     conv = await services.conversations.create(owner, body.title or "New conversation", agent)
     return conversation_out(conv)
 

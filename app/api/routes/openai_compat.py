@@ -38,33 +38,29 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.deps import OwnerDep, ServicesDep
+from app.api.openai_input import ChatCompletionRequest, chat_input
 from app.api.routes.stream import SEAM_WAIT_S, SEND_TIMEOUT_S, SSE_HEADERS, ping_event, title_from
-from app.api.schemas import MAX_MESSAGE_CHARS, error_responses
+from app.api.schemas import error_responses
 from app.api.sse_response import EventStream
 from app.container import Services
 from app.errors import InvalidInputError, NotFoundError, ServiceError, UnauthorizedError
-from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent
 from app.streaming.resume import stream_events
 from app.streaming.sse import single_line_json
 
 MODEL_ID = "agentstream"
-MAX_INSTRUCTIONS_CHARS = 8000
-"""System messages become the agent's ``system_prompt``, which conversations cap at this size."""
-MAX_MESSAGES = 1000
 _DONE_LINE = b"data: [DONE]\n\n"
-_TEXT_PART_TYPES = ("text", "input_text")
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -208,110 +204,6 @@ class ChatCompletionOut(BaseModel):
 _UNAUTHORIZED = "401 `invalid_api_key`: no API key, or not one of API_KEYS"
 # One event of a streamed completion: a chunk, an error, or ``[DONE]``, as ``data`` alone.
 _CHUNK_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
-
-
-# ---- request -----------------------------------------------------------------------------------
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: str | None = None
-
-
-class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    include_usage: bool = False
-
-
-class ChatCompletionRequest(BaseModel):
-    """OpenAI's request body; fields this route does not use are accepted and ignored."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: Annotated[str, Field(min_length=1, max_length=256)]
-    messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=MAX_MESSAGES)]
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    n: Annotated[int | None, Field(ge=1, le=1)] = None
-
-
-@dataclass(frozen=True)
-class ChatInput:
-    """A chat request as a run: its question, the turns before it, and the agent's instructions."""
-
-    question: str
-    prior: list[ChatMessage]
-    instructions: str | None
-
-
-def _text_of(message: ChatMessageIn, index: int) -> str:
-    content = message.content
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        text = content
-    else:
-        pieces: list[str] = []
-        for part in content:
-            if part.type not in _TEXT_PART_TYPES or part.text is None:
-                raise InvalidInputError(
-                    f"messages.{index}.content: only text content is supported, not {part.type!r}"
-                )
-            pieces.append(part.text)
-        text = "\n".join(pieces)
-    if "\x00" in text:
-        raise InvalidInputError(f"messages.{index}.content: text must not contain NUL characters")
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        # A lone surrogate ("\ud800" in the JSON) is no text any database can store.
-        raise InvalidInputError(f"messages.{index}.content: text must be valid Unicode") from None
-    return text
-
-
-def chat_input(body: ChatCompletionRequest) -> ChatInput:
-    """Split an OpenAI chat into the run's question, history and instructions (or refuse it)."""
-    instructions: list[str] = []
-    turns: list[tuple[int, ChatMessage]] = []
-    for index, message in enumerate(body.messages):
-        if message.role in ("tool", "function") or getattr(message, "tool_calls", None):
-            raise InvalidInputError(
-                f"messages.{index}: tool calls and tool results are not accepted; "
-                "this model runs its own tools"
-            )
-        text = _text_of(message, index)
-        if message.role in ("system", "developer"):
-            if text.strip():
-                instructions.append(text)
-            continue
-        role: Literal["user", "assistant"] = "user" if message.role == "user" else "assistant"
-        turns.append((index, ChatMessage(role=role, content=text)))
-    if not turns or turns[-1][1].role != "user":
-        raise InvalidInputError("messages: the last message (system messages aside) must be from the user")
-    index, last = turns[-1]
-    question = last.content or ""
-    if not question.strip():
-        raise InvalidInputError(f"messages.{index}.content: the question must not be blank")
-    if len(question) > MAX_MESSAGE_CHARS:
-        raise InvalidInputError(
-            f"messages.{index}.content: the question is longer than {MAX_MESSAGE_CHARS} characters"
-        )
-    joined = "\n\n".join(instructions) or None
-    if joined is not None and len(joined) > MAX_INSTRUCTIONS_CHARS:
-        raise InvalidInputError(
-            f"messages: system messages are longer than {MAX_INSTRUCTIONS_CHARS} characters together"
-        )
-    return ChatInput(question=question, prior=[m for _, m in turns[:-1]], instructions=joined)
 
 
 # ---- response ----------------------------------------------------------------------------------
@@ -491,24 +383,30 @@ class ChunkEncoder:
 # ---- routes ------------------------------------------------------------------------------------
 
 
-def _model_object() -> dict[str, Any]:
-    return {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "agentstream"}
+def _model_object(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "agentstream"}
+
+
+def _model_ids(services: Services) -> list[str]:
+    # MODEL_ID first: the agent on the default model, the name clients used before there were many.
+    return [MODEL_ID, *services.models.names]
 
 
 @router.get("/v1/models", response_model=ModelList, responses=_openai_errors(_UNAUTHORIZED))
-async def list_models(_owner: OwnerDep) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_object()]}
+async def list_models(services: ServicesDep, _owner: OwnerDep) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_object(model_id) for model_id in _model_ids(services)]}
 
 
 @router.get(
-    "/v1/models/{model_id}",
+    "/v1/models/{model_id:path}",  # a name may hold a "/" (openai/gpt-4o)
     response_model=ModelOut,
-    responses=_openai_errors(_UNAUTHORIZED, "404 `not_found`: this service serves one model"),
+    responses=_openai_errors(_UNAUTHORIZED, "404 `not_found`: no model of that name here"),
 )
-async def get_model(model_id: str, _owner: OwnerDep) -> dict[str, Any]:
-    if model_id != MODEL_ID:
-        raise NotFoundError(f"the model {model_id!r} does not exist; this service serves {MODEL_ID!r}")
-    return _model_object()
+async def get_model(model_id: str, services: ServicesDep, _owner: OwnerDep) -> dict[str, Any]:
+    known = _model_ids(services)
+    if model_id not in known:
+        raise NotFoundError(f"the model {model_id!r} does not exist; this service serves {', '.join(known)}")
+    return _model_object(model_id)
 
 
 @router.post(
@@ -542,6 +440,8 @@ async def chat_completions(body: ChatCompletionRequest, services: ServicesDep, o
     title = title_from(chat.question)
     # Nobody can approve a call here: one that needs approval does not run, and the model is told.
     agent: dict[str, Any] = {"ask_approvals": False}
+    if body.model in services.models:  # a configured model by name; anything else: the default
+        agent["model"] = body.model
     if chat.instructions:
         agent["system_prompt"] = chat.instructions
     conversation, run = await services.manager.start_in_new_conversation(

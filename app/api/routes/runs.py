@@ -27,7 +27,7 @@ async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
 async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
     run = await owned_run(services, owner, run_id)
     pending = await services.approvals.pending(run_ids=[run.id])
-    return run_out(run, services.extras["llm"].model_name, [approval_item(a) for a in pending])
+    return run_out(run, run.model or services.models.default, [approval_item(a) for a in pending])
 
 
 @router.get("/api/runs/{run_id}/events", response_model=list[EventOut], responses=ERRORS)

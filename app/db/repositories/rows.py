@@ -153,6 +153,8 @@ class RunRecord:
     attempt: int = 1
     lost_attempts: int = 0
     cancel_requested: bool = False
+    model: str | None = None
+    trace_id: str | None = None
 
 
 def _conversation_record(row: Any) -> ConversationRecord:
@@ -208,6 +210,8 @@ def _run_record(row: Any) -> RunRecord:
         attempt=row.attempt,
         lost_attempts=row.lost_attempts,
         cancel_requested=bool(row.cancel_requested),
+        model=row.model,
+        trace_id=row.trace_id,
     )
 
 

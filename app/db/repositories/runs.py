@@ -93,7 +93,14 @@ class RunRepo:
 
     @staticmethod
     def _new_row(
-        conversation_id: str, owner: str, message: str, worker_id: str, lease_s: float, start_cursor: str
+        conversation_id: str,
+        owner: str,
+        message: str,
+        worker_id: str,
+        lease_s: float,
+        start_cursor: str,
+        model: str | None = None,
+        trace_id: str | None = None,
     ) -> dict[str, Any]:
         now = utcnow()
         return {
@@ -116,6 +123,8 @@ class RunRepo:
             "attempt": 1,
             "lost_attempts": 0,
             "cancel_requested": False,
+            "model": model,
+            "trace_id": trace_id,
         }
 
     async def _explain_conflict(self, conversation_id: str) -> NoReturn:
@@ -138,6 +147,8 @@ class RunRepo:
         lease_s: float,
         start_cursor: str,
         prior: Sequence[ChatMessage] = (),
+        model: str | None = None,
+        trace_id: str | None = None,
     ) -> tuple[RunRecord, list[ChatMessage]]:
         """Insert a running run leased to ``worker_id`` and, in the same transaction, store
         ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
@@ -154,7 +165,9 @@ class RunRepo:
         decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
         the conversation does not exist.
         """
-        row = self._new_row(conversation_id, owner, message, worker_id, lease_s, start_cursor)
+        row = self._new_row(
+            conversation_id, owner, message, worker_id, lease_s, start_cursor, model=model, trace_id=trace_id
+        )
         try:
             async with self._sessionmaker.begin() as session:
                 await session.execute(insert(_runs), row)  # the one-running-run index decides here

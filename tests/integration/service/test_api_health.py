@@ -68,7 +68,7 @@ def test_metrics_count_runs_streams_events_llm_and_tool_calls_after_a_run(servic
     llm_calls = sum(v for (name, _), v in values.items() if name == "agentstream_llm_calls_total")
     assert llm_calls == outcome.done["usage"]["llm_calls"]
     assert values[("agentstream_tool_calls_total", (("outcome", "ok"), ("tool", "calculator")))] == 1
-    assert values[("agentstream_llm_latency_seconds_count", (("kind", "stream"),))] >= 1
+    assert values[("agentstream_llm_latency_seconds_count", (("kind", "stream"), ("model", "default")))] >= 1
 
 
 def test_probes_need_no_key_while_api_routes_do(shared_service: Service) -> None:

@@ -78,7 +78,8 @@ def test_a_run_is_202_streams_to_done_and_its_record_and_events_match_the_stream
         "created_at", "finished_at", "attempt", "model", "pending_approvals", "trace_id",
     }  # fmt: skip
     assert (run["attempt"], run["pending_approvals"], run["trace_id"]) == (1, [], None)
-    assert run["model"] == "demo"  # the service of these tests runs the built-in demo model
+    # The configured model's name: without LLM_MODELS the one model is "default" (the demo here).
+    assert run["model"] == "default" == done["model"]
     assert run["run_id"] == started["run_id"]
     assert run["conversation_id"] == conv["id"]
     assert run["status"] == "completed"

@@ -395,8 +395,10 @@ def test_models_lists_the_agent(demo: Service, closing: list[Any]) -> None:
 
     models = oa.models.list()
 
-    assert [m.id for m in models.data] == ["agentstream"]
+    # The agent on the default model first, then every configured model by name.
+    assert [m.id for m in models.data] == ["agentstream", "default"]
     assert oa.models.retrieve("agentstream").id == "agentstream"
+    assert oa.models.retrieve("default").id == "default"
     with pytest.raises(openai.NotFoundError):
         oa.models.retrieve("gpt-4o")
 

@@ -9,7 +9,6 @@ that end badly are in ``test_provider_errors.py``; what the client sends each pr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -18,13 +17,9 @@ import pytest
 from app.llm.base import (
     TokenUsage,
 )
-from app.llm.openai_client import OpenAICompatibleLLM
 from app.llm.providers import profile_for
-from tests.integration.provider_wire import (
-    ABILITIES,
-    API_KEY,
+from tests.integration.llm.provider_wire import (
     QUESTION,
-    RecordingSleep,
     call,
     choice,
     chunk,
@@ -36,37 +31,6 @@ from tests.integration.provider_wire import (
     usage,
 )
 from tests.support.fake_openai import FakeOpenAIServer
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-        srv.assert_done()
-
-
-@pytest.fixture
-def sleep() -> RecordingSleep:
-    return RecordingSleep()
-
-
-@pytest.fixture
-async def make_llm(
-    server: FakeOpenAIServer, sleep: RecordingSleep
-) -> AsyncIterator[Callable[..., OpenAICompatibleLLM]]:
-    made: list[OpenAICompatibleLLM] = []
-
-    def make(model: str = "test-model", api_key: str = API_KEY, **kw: Any) -> OpenAICompatibleLLM:
-        options: dict[str, Any] = {"timeout_s": 5.0, "max_retries": 3, "sleep": sleep}
-        options.update(kw)
-        llm = OpenAICompatibleLLM(server.base_url, api_key, model, ABILITIES, **options)
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        await llm.aclose()
-
 
 # -- thinking --------------------------------------------------------------------------------
 

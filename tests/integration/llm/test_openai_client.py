@@ -8,7 +8,7 @@ import random
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -28,52 +28,13 @@ from app.llm.base import (
     TokenUsage,
 )
 from app.llm.openai_client import BACKOFF_BASE_S, RETRY_AFTER_MAX_S, OpenAICompatibleLLM
+from tests.integration.llm.provider_wire import RecordingSleep
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour, answer_tokens, iter_stream_text
 from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 QUESTION = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="hi")]
 ABILITIES = {"tool_call": True, "json_mode": True, "streaming": True}
-
-
-class RecordingSleep:
-    """Stands in for asyncio.sleep so retries do not wait; remembers every delay asked for."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-        srv.assert_done()
-
-
-@pytest.fixture
-def sleep() -> RecordingSleep:
-    return RecordingSleep()
-
-
-@pytest.fixture
-async def make_llm(
-    server: FakeOpenAIServer, sleep: RecordingSleep
-) -> AsyncIterator[Callable[..., OpenAICompatibleLLM]]:
-    made: list[OpenAICompatibleLLM] = []
-
-    def make(**kw: Any) -> OpenAICompatibleLLM:
-        options: dict[str, Any] = {"timeout_s": 5.0, "max_retries": 3, "sleep": sleep}
-        options.update(kw)
-        llm = OpenAICompatibleLLM(server.base_url, API_KEY, "test-model", ABILITIES, **options)
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        await llm.aclose()
 
 
 async def collect(stream: AsyncIterator[StreamItem]) -> list[StreamItem]:
@@ -617,7 +578,7 @@ async def test_tool_behaviour_calls_its_tool_once_then_answers(
 
 @pytest.mark.slow
 def test_the_server_runs_as_a_standalone_process() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", "--mode", "echo", "--tokens", "3"],
         cwd=root,

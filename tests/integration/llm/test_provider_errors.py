@@ -7,7 +7,6 @@ Each shape names, in a comment, the public source whose wire format it copies.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -21,10 +20,7 @@ from app.llm.base import (
     TextDelta,
     TokenUsage,
 )
-from app.llm.openai_client import OpenAICompatibleLLM
-from tests.integration.provider_wire import (
-    ABILITIES,
-    API_KEY,
+from tests.integration.llm.provider_wire import (
     QUESTION,
     RecordingSleep,
     chunk,
@@ -37,37 +33,6 @@ from tests.integration.provider_wire import (
 )
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.fake_replies import FakeReply
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-        srv.assert_done()
-
-
-@pytest.fixture
-def sleep() -> RecordingSleep:
-    return RecordingSleep()
-
-
-@pytest.fixture
-async def make_llm(
-    server: FakeOpenAIServer, sleep: RecordingSleep
-) -> AsyncIterator[Callable[..., OpenAICompatibleLLM]]:
-    made: list[OpenAICompatibleLLM] = []
-
-    def make(model: str = "test-model", api_key: str = API_KEY, **kw: Any) -> OpenAICompatibleLLM:
-        options: dict[str, Any] = {"timeout_s": 5.0, "max_retries": 3, "sleep": sleep}
-        options.update(kw)
-        llm = OpenAICompatibleLLM(server.base_url, api_key, model, ABILITIES, **options)
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        await llm.aclose()
-
 
 # -- errors inside a 200 stream --------------------------------------------------------------
 

@@ -9,7 +9,6 @@ provider sent. Each shape names the public source it copies.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -17,44 +16,14 @@ import pytest
 
 from app.llm.base import ChatMessage, ChatResult, LLMRequestRejectedError, TextDelta
 from app.llm.openai_client import OpenAICompatibleLLM
-from app.llm.providers import ASSISTANT_BRIDGE, PROFILES, ProviderProfile
-from tests.integration.provider_wire import ABILITIES, RecordingSleep
+from app.llm.providers import ASSISTANT_BRIDGE, PROFILES
+from tests.integration.llm.provider_wire import ABILITIES, RecordingSleep
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.fake_replies import FakeReply
 
 QUESTION = [ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="what is 2+2?")]
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
 SIGNATURE = {"google": {"thought_signature": "CiQB0e2Kb7qNw1ExampleSignature=="}}
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-        srv.assert_done()
-
-
-@pytest.fixture
-def sleep() -> RecordingSleep:
-    return RecordingSleep()
-
-
-@pytest.fixture
-async def make_llm(
-    server: FakeOpenAIServer, sleep: RecordingSleep
-) -> AsyncIterator[Callable[..., OpenAICompatibleLLM]]:
-    made: list[OpenAICompatibleLLM] = []
-
-    def make(profile: ProviderProfile | None = None, model: str = "test-model") -> OpenAICompatibleLLM:
-        llm = OpenAICompatibleLLM(
-            server.base_url, "sk-test", model, ABILITIES, timeout_s=5.0, sleep=sleep, profile=profile
-        )
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        await llm.aclose()
 
 
 def tool_call_reply(**message: Any) -> FakeReply:
@@ -118,7 +87,7 @@ async def test_deepseek_gets_the_reasoning_back_on_the_tool_calling_message(
         tool_call_reply(reasoning_content="The user wants 2+2; use the calculator."), FakeReply.text("4")
     )
 
-    sent = await tool_loop(server, make_llm(PROFILES["deepseek"]))
+    sent = await tool_loop(server, make_llm(profile=PROFILES["deepseek"]))
 
     assert sent[2]["role"] == "assistant"
     assert sent[2]["reasoning_content"] == "The user wants 2+2; use the calculator."
@@ -141,7 +110,7 @@ async def test_gemini_gets_the_thought_signature_back_on_its_tool_call(
     # Gemini docs "OpenAI compatibility" / "Thought signatures": extra_content on the tool call.
     server.script(tool_call_reply(call_fields={"extra_content": SIGNATURE}), FakeReply.text("4"))
 
-    sent = await tool_loop(server, make_llm(PROFILES["gemini"]))
+    sent = await tool_loop(server, make_llm(profile=PROFILES["gemini"]))
 
     assert sent[2]["tool_calls"][0]["extra_content"] == SIGNATURE
     assert "reasoning_content" not in sent[2]
@@ -156,7 +125,7 @@ async def test_mistral_gets_a_bridge_between_a_tool_result_and_a_user_message(
     # Mistral API: "Unexpected role 'user' after role 'tool'" (code 3230).
     server.script(tool_call_reply(), FakeReply.text("4"))
 
-    sent = await tool_loop(server, make_llm(PROFILES["mistral"]), then_user="Reflect on the result.")
+    sent = await tool_loop(server, make_llm(profile=PROFILES["mistral"]), then_user="Reflect on the result.")
 
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "assistant", "user"]
     assert sent[4] == {"role": "assistant", "content": ASSISTANT_BRIDGE}
@@ -168,7 +137,7 @@ async def test_mistral_gets_nine_character_ids_that_pair_the_call_with_its_resul
 ) -> None:
     # Mistral API: tool call ids must be 9 characters of [a-zA-Z0-9].
     server.script(tool_call_reply(), FakeReply.text("4"), FakeReply.text("again"))
-    llm = make_llm(PROFILES["mistral"])
+    llm = make_llm(profile=PROFILES["mistral"])
     first = await llm.chat(QUESTION, tools=TOOLS)
     history = history_after(first)
 
@@ -303,7 +272,7 @@ async def test_the_reasoning_is_kept_for_sending_back_only_where_the_provider_wa
     thinking = {"reasoning_content": "The user wants 2+2."}
     server.script(tool_call_reply(**thinking), tool_call_reply(**thinking))
 
-    deepseek = await make_llm(PROFILES["deepseek"]).chat(QUESTION, tools=TOOLS)
+    deepseek = await make_llm(profile=PROFILES["deepseek"]).chat(QUESTION, tools=TOOLS)
     generic = await make_llm().chat(QUESTION, tools=TOOLS)
 
     assert deepseek.kept_reasoning == deepseek.reasoning_content == "The user wants 2+2."
