@@ -14,6 +14,7 @@ import { keyDialog } from "./key_dialog.js";
 import { renderMarkdown } from "./markdown.js";
 import { renderInbox } from "./approvals.js";
 import { fillModelPicker, pickedModel } from "./models.js";
+import { describeTime } from "./time.js";
 import { RunView, el } from "./run_view.js";
 import { clearSnapshot, flushSnapshot, loadSnapshot, scheduleSnapshot } from "./snapshots.js";
 import { StreamHttpError, followStream } from "./sse.js";
@@ -108,26 +109,6 @@ function reportError(err) {
   }
   console.error(err);
   showToast(err?.message ?? String(err), "error");
-}
-
-const relativeTime = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
-function describeTime(iso) {
-  const then = Date.parse(iso);
-  if (Number.isNaN(then)) return "";
-  const seconds = Math.round((then - Date.now()) / 1000);
-  const steps = [
-    [60, "second"],
-    [60, "minute"],
-    [24, "hour"],
-    [7, "day"],
-    [Infinity, "week"],
-  ];
-  let value = seconds;
-  for (const [size, unit] of steps) {
-    if (Math.abs(value) < size) return relativeTime.format(value, unit);
-    value = Math.round(value / size);
-  }
-  return "";
 }
 
 function setTitle(text) {
