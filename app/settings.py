@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.llm.models import ABILITY_NAMES
 from app.llm.providers import PROFILES
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/agentstream.db"
@@ -84,7 +85,7 @@ class Settings(BaseSettings):
     @property
     def abilities(self) -> dict[str, bool]:
         names = {a.strip() for a in self.llm_abilities.split(",") if a.strip()}
-        return {a: a in names for a in ("tool_call", "json_mode", "streaming")}
+        return {a: a in names for a in ABILITY_NAMES}
 
     def owner_keys(self) -> dict[str, str]:
         """``{key: owner}`` from ``API_KEYS`` (``owner:key,...``); empty means single-user mode."""

@@ -83,24 +83,20 @@ class ProviderProfile:
         return out
 
     def _wire_message(self, message: ChatMessage) -> dict[str, Any]:
-        wire: dict[str, Any] = {"role": message.role, "content": message.content}
-        if message.tool_calls:
+        # The plain OpenAI form, with what this provider needs changed or added.
+        wire = message.to_openai()
+        if message.tool_calls and (self.tool_call_id_length or self.call_fields_back):
             wire["tool_calls"] = [self._wire_call(call) for call in message.tool_calls]
-        if message.tool_call_id is not None:
+        if message.tool_call_id is not None and self.tool_call_id_length:
             wire["tool_call_id"] = self._call_id(message.tool_call_id)
-        if message.name is not None and message.role != "tool":
-            wire["name"] = message.name
         if self.reasoning_back and message.role == "assistant" and (message.reasoning or message.tool_calls):
             # A tool-calling message stored before its reasoning was kept still needs the field.
             wire["reasoning_content"] = message.reasoning or ""
         return wire
 
     def _wire_call(self, call: ToolCall) -> dict[str, Any]:
-        wire: dict[str, Any] = {
-            "id": self._call_id(call.id),
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
+        wire = call.to_openai()
+        wire["id"] = self._call_id(call.id)
         if call.extra and self.call_fields_back:
             wire.update({k: v for k, v in call.extra.items() if k in self.call_fields_back})
         return wire
