@@ -2,8 +2,7 @@
 
 ``model_specs(settings)``: ``LLM_MODELS`` when set, else the one model ``default`` of the ``LLM_*``
 variables (no ``LLM_BASE_URL``: the offline ``DemoLLM``). ``build_models`` makes their LLMs (the keys
-are unwrapped from their ``SecretStr`` only here) into a ``ModelRegistry``; ``build_llm`` is the
-default model alone.
+are unwrapped from their ``SecretStr`` only here) into a ``ModelRegistry``.
 """
 
 from __future__ import annotations
@@ -70,8 +69,3 @@ def build_models(settings: Settings, wrap: Callable[[str, LLM], LLM] | None = No
         specs.append(spec)
         llms[spec.name] = wrap(spec.name, llm) if wrap is not None else llm
     return ModelRegistry(specs, llms)
-
-
-def build_llm(settings: Settings) -> LLM:
-    """The default model's LLM."""
-    return build_one(model_specs(settings)[0], settings)

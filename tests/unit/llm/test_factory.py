@@ -1,4 +1,5 @@
-"""build_llm: the demo model without LLM_BASE_URL, the OpenAI-compatible client with it."""
+"""build_models without LLM_MODELS: the one model "default", the demo model without LLM_BASE_URL,
+the OpenAI-compatible client with it."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ from pydantic import SecretStr
 
 from app.llm.base import ChatMessage
 from app.llm.demo import DemoLLM
-from app.llm.factory import build_llm
+from app.llm.factory import build_models
 from app.llm.openai_client import OpenAICompatibleLLM
 from app.settings import Settings
 from tests.support.fake_openai import FakeOpenAIServer, FakeReply
 
 
 def test_without_a_base_url_the_demo_model_answers() -> None:
-    llm = build_llm(Settings(_env_file=None, llm_base_url=None))
+    registry = build_models(Settings(_env_file=None, llm_base_url=None))
+    llm = registry.llm("default")
+
+    assert registry.names == ["default"]
 
     assert isinstance(llm, DemoLLM)
     assert llm.model_name == "demo"
@@ -30,7 +34,7 @@ async def test_with_a_base_url_the_openai_client_is_configured_from_settings() -
             llm_abilities="json_mode,streaming",
             llm_max_retries=1,
         )
-        llm = build_llm(settings)
+        llm = build_models(settings).llm("default")
         try:
             assert isinstance(llm, OpenAICompatibleLLM)
             assert llm.model_name == "my-model"
