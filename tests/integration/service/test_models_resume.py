@@ -26,36 +26,45 @@ def providers() -> Iterator[tuple[FakeOpenAIServer, FakeOpenAIServer]]:
         second.stop()
 
 
-def test_a_resumed_run_keeps_calling_the_model_it_started_with(
-    service: ServiceFactory, providers: tuple[FakeOpenAIServer, FakeOpenAIServer]
-) -> None:
-    default, chosen = providers
-    default.set_handler(ToolAgentBehaviour())
+def entries(a: FakeOpenAIServer, b: FakeOpenAIServer) -> list[dict[str, Any]]:
+    return [
+        {"name": "a", "base_url": a.base_url, "api_key": "sk-a", "model": "a-model"},
+        {"name": "b", "base_url": b.base_url, "api_key": "sk-b", "model": "b-model"},
+    ]
+
+
+def hand_over_a_run_on_b(
+    service: ServiceFactory, a: FakeOpenAIServer, b: FakeOpenAIServer
+) -> tuple[str, str]:
+    """A run of a conversation on model ``b`` whose worker stops in b's call after the tool's
+    result, so that the run is handed over; its conversation and run ids."""
+    a.set_handler(ToolAgentBehaviour())
     agent = ToolAgentBehaviour()
     release = threading.Event()
 
     def hold_the_second_call(body: dict[str, Any]) -> FakeReply:
         reply = agent(body)
-        return FakeReply.blocked(release, reply) if len(chosen.requests) == 2 else reply
+        return FakeReply.blocked(release, reply) if len(b.requests) == 2 else reply
 
-    chosen.set_handler(hold_the_second_call)
-    models = json.dumps(
-        [
-            {"name": "a", "base_url": default.base_url, "api_key": "sk-a", "model": "a-model"},
-            {"name": "b", "base_url": chosen.base_url, "api_key": "sk-b", "model": "b-model"},
-        ]
-    )
-    settings = {"llm_models": models, "run_lease_s": 1.0}
-    leaving = service(**settings)
+    b.set_handler(hold_the_second_call)
+    leaving = service(llm_models=json.dumps(entries(a, b)), run_lease_s=1.0)
     conversation = leaving.api().create_conversation({"agent": {"model": "b"}})["id"]
     run_id = leaving.api().start_run(conversation, "What is 6*7?")["run_id"]
     try:
-        chosen.wait_for_requests(2)
-        leaving.stop()  # in the call after the tool's result: the run is handed over
+        b.wait_for_requests(2)
+        leaving.stop()
     finally:
         release.set()
+    return conversation, run_id
 
-    api = service(**settings).api()
+
+def test_a_resumed_run_keeps_calling_the_model_it_started_with(
+    service: ServiceFactory, providers: tuple[FakeOpenAIServer, FakeOpenAIServer]
+) -> None:
+    default, chosen = providers
+    conversation, run_id = hand_over_a_run_on_b(service, default, chosen)
+
+    api = service(llm_models=json.dumps(entries(default, chosen)), run_lease_s=1.0).api()
     events = api.stream(conversation)
 
     resumed = [e.data["attempt"] for e in events if e.event == "phase" and e.data["phase"] == "resumed"]
@@ -70,28 +79,11 @@ def test_a_run_whose_model_is_no_longer_configured_fails_saying_so_instead_of_sw
     service: ServiceFactory, providers: tuple[FakeOpenAIServer, FakeOpenAIServer]
 ) -> None:
     kept, removed = providers
-    kept.set_handler(ToolAgentBehaviour())
-    agent = ToolAgentBehaviour()
-    release = threading.Event()
-
-    def hold_the_second_call(body: dict[str, Any]) -> FakeReply:
-        reply = agent(body)
-        return FakeReply.blocked(release, reply) if len(removed.requests) == 2 else reply
-
-    removed.set_handler(hold_the_second_call)
-    entry_a = {"name": "a", "base_url": kept.base_url, "api_key": "sk-a", "model": "a-model"}
-    entry_b = {"name": "b", "base_url": removed.base_url, "api_key": "sk-b", "model": "b-model"}
-    leaving = service(llm_models=json.dumps([entry_a, entry_b]), run_lease_s=1.0)
-    conversation = leaving.api().create_conversation({"agent": {"model": "b"}})["id"]
-    leaving.api().start_run(conversation, "What is 6*7?")
-    try:
-        removed.wait_for_requests(2)
-        leaving.stop()
-    finally:
-        release.set()
+    conversation, _ = hand_over_a_run_on_b(service, kept, removed)
 
     # The next deploy no longer has "b".
-    events = service(llm_models=json.dumps([entry_a]), run_lease_s=1.0).api().stream(conversation)
+    only_a = json.dumps(entries(kept, removed)[:1])
+    events = service(llm_models=only_a, run_lease_s=1.0).api().stream(conversation)
 
     done = events[-1].data
     assert (done["status"], done["model"]) == ("failed", "b")
