@@ -14,6 +14,7 @@ from app.runs.manager import RunManager
 from app.settings import Settings
 from app.streaming.bus import EventBus
 from app.tools.registry import ToolRegistry
+from app.tracing import NO_TRACING, Tracing
 
 
 @dataclass
@@ -31,4 +32,5 @@ class Services:
     approvals: ApprovalRepo
     models: ModelRegistry
     redis: Any = None
+    tracing: Tracing = NO_TRACING
     extras: dict[str, Any] = field(default_factory=dict)

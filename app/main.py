@@ -42,6 +42,8 @@ from app.streaming.bus import EventBus
 from app.streaming.memory import MemoryEventBus
 from app.tools.builtins import default_registry
 from app.tools.mcp import connect_mcp_tools
+from app.tracing import build_tracing, tracing_on
+from app.tracing.http import ServerSpans
 
 log = logging.getLogger("app.main")
 
@@ -71,8 +73,11 @@ async def build_services(settings: Settings) -> Services:
     if not owner_keys:
         log.warning("API_KEYS is unset: running in single-user mode (owner 'local'), no authentication")
     metrics = Metrics()
-    # First: a bad LLM_MODELS stops the start before anything is opened (ModelConfigError).
-    models = build_models(settings, wrap=lambda name, llm: InstrumentedLLM(llm, metrics, name))
+    # First: bad LLM_MODELS or OTEL_* settings stop the start before anything is opened.
+    tracing = build_tracing(settings)
+    models = build_models(
+        settings, wrap=lambda spec, llm: tracing.llm(spec, InstrumentedLLM(llm, metrics, spec.name))
+    )
     await asyncio.to_thread(upgrade_database, settings.database_url)
     db = Database(settings.database_url)
     conversations_repo = ConversationRepo(db.sessionmaker)
@@ -140,6 +145,7 @@ async def build_services(settings: Settings) -> Services:
         hooks=hooks,
         leases=RunRepo(db.lease_sessionmaker),
         released_signal=released_signal,
+        tracing=tracing,
     )
     return Services(
         settings=settings,
@@ -156,6 +162,7 @@ async def build_services(settings: Settings) -> Services:
         extras={"mcp": mcp_tools},
         models=models,
         approvals=approvals_repo,
+        tracing=tracing,
     )
 
 
@@ -166,6 +173,7 @@ async def close_services(services: Services) -> None:
         services.bus.close,
         services.models.aclose,
         services.db.dispose,
+        services.tracing.shutdown,  # last: the spans of runs that just stopped are sent
     ):
         try:
             await closer()
@@ -213,6 +221,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit)
+    if tracing_on(settings):
+        app.add_middleware(ServerSpans)
     for module in (health, tools, model_routes, conversations, approvals, runs, stream, openai_compat):
         app.include_router(module.router)
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus
 
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 run_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_id", default=None)
@@ -26,6 +27,11 @@ class _ContextFilter(logging.Filter):
             record.run_id = run_id_var.get()
         if not hasattr(record, "conversation_id"):
             record.conversation_id = conversation_id_var.get()
+        # The span the line was written in (none without tracing): its trace finds the line.
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            record.trace_id = format(span.trace_id, "032x")
+            record.span_id = format(span.span_id, "016x")
         return True
 
 

@@ -60,6 +60,22 @@ class Settings(BaseSettings):
     approval_timeout_s: float = Field(default=86400.0, gt=0, le=366 * 86400)
     """A pending approval expires after this long (A-04)."""
 
+    # tracing (OpenTelemetry over OTLP/HTTP; off without an endpoint). The SDK reads the other
+    # standard OTEL_* variables (sampler, resource attributes, batch, timeout, certificates) itself.
+    otel_exporter_otlp_endpoint: str | None = None
+    otel_exporter_otlp_traces_endpoint: str | None = None
+    otel_exporter_otlp_protocol: str = "http/protobuf"
+    otel_exporter_otlp_traces_protocol: str | None = None
+    otel_exporter_otlp_headers: SecretStr | None = None
+    otel_exporter_otlp_traces_headers: SecretStr | None = None
+    """``key=value,...`` headers of the export requests; secrets (a backend's API key)."""
+    otel_traces_exporter: str = "otlp"
+    otel_sdk_disabled: bool = False
+    otel_service_name: str | None = None
+    """The traces' ``service.name``; unset: ``service.name`` of OTEL_RESOURCE_ATTRIBUTES, else agentstream."""
+    otel_instrumentation_genai_capture_message_content: bool = False
+    """Record prompts, answers, tool arguments and results on the spans (off: sizes and names only)."""
+
     # service
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
@@ -70,7 +86,20 @@ class Settings(BaseSettings):
     demo_delay_s: float = Field(default=0.03, ge=0, le=5)
     """Pause between the words the demo model streams, so that a person can watch it type."""
 
-    @field_validator("llm_base_url", "redis_url", "mcp_servers", "llm_provider", "llm_models", mode="before")
+    @field_validator(
+        "llm_base_url",
+        "redis_url",
+        "mcp_servers",
+        "llm_provider",
+        "llm_models",
+        "otel_exporter_otlp_endpoint",
+        "otel_exporter_otlp_traces_endpoint",
+        "otel_exporter_otlp_traces_protocol",
+        "otel_exporter_otlp_headers",
+        "otel_exporter_otlp_traces_headers",
+        "otel_service_name",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

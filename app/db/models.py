@@ -190,6 +190,8 @@ class Run(Base):
     # trace its spans belong to (null without tracing). Null for runs older than models.
     model: Mapped[str | None] = mapped_column(String(100))
     trace_id: Mapped[str | None] = mapped_column(String(32))
+    # The request that started it, as a W3C traceparent: the parent of every attempt's span.
+    trace_parent: Mapped[str | None] = mapped_column(String(55))
 
 
 class RunEvent(Base):

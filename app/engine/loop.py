@@ -593,6 +593,7 @@ class ToolLoop:
             owner=self.owner,
             run_id=self.run_id,
             conversation_id=self.conversation_id,
+            call_id=call.call_id,
         )
         result = await self.registry.execute(call.tool_name, ctx.tool_args, invocation=invocation)
         result = await self.hooks.run_post(ctx, result)

@@ -86,6 +86,9 @@ class ChatResult:
     kept_reasoning: str | None = None
     """The reasoning the provider wants sent back with this message in later requests (DeepSeek's
     thinking mode); None for every provider that does not (``app.llm.providers``)."""
+    response_model: str | None = None
+    """The model that answered, as the provider names it (its reply's ``model``), for traces."""
+    response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,8 @@ class StreamEnd:
     usage: TokenUsage
     attempts: int = 1
     finish_reason: str | None = None
+    response_model: str | None = None
+    response_id: str | None = None
 
 
 StreamItem = TextDelta | StreamEnd

@@ -58,8 +58,8 @@ def build_one(spec: ModelSpec, settings: Settings) -> LLM:
     )
 
 
-def build_models(settings: Settings, wrap: Callable[[str, LLM], LLM] | None = None) -> ModelRegistry:
-    """Every configured model's LLM, each passed through ``wrap(name, llm)`` (metrics) if given."""
+def build_models(settings: Settings, wrap: Callable[[ModelSpec, LLM], LLM] | None = None) -> ModelRegistry:
+    """Every configured model's LLM, each passed through ``wrap(spec, llm)`` (metrics, traces) if given."""
     specs: list[ModelSpec] = []
     llms: dict[str, LLM] = {}
     for spec in model_specs(settings):
@@ -67,5 +67,5 @@ def build_models(settings: Settings, wrap: Callable[[str, LLM], LLM] | None = No
         if spec.base_url is None:  # the demo says itself what it can do
             spec = dataclasses.replace(spec, abilities=dict(llm.abilities))
         specs.append(spec)
-        llms[spec.name] = wrap(spec.name, llm) if wrap is not None else llm
+        llms[spec.name] = wrap(spec, llm) if wrap is not None else llm
     return ModelRegistry(specs, llms)

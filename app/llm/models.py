@@ -226,6 +226,9 @@ class ModelRegistry:
     def llm(self, name: str) -> LLM:
         return self._llms[name]
 
+    def spec(self, name: str) -> ModelSpec:
+        return self._specs[name]
+
     def resolve(self, name: str | None) -> str:
         """``name`` if configured, the default for None or a name no longer configured."""
         return name if name is not None and name in self._specs else self.default

@@ -277,7 +277,11 @@ class OpenAICompatibleLLM:
                 await self._after_failure(failure, attempts, exc)
                 continue
             yield StreamEnd(
-                usage=reader.usage or TokenUsage(), attempts=attempts, finish_reason=reader.finish_reason
+                usage=reader.usage or TokenUsage(),
+                attempts=attempts,
+                finish_reason=reader.finish_reason,
+                response_model=reader.response_model,
+                response_id=reader.response_id,
             )
             return
 

@@ -215,7 +215,14 @@ def parse_completion(body: object, profile: ProviderProfile, attempts: int) -> C
         usage=token_usage(body) or TokenUsage(),
         finish_reason=finish_reason,
         attempts=attempts,
+        response_model=_text_field(body, "model"),
+        response_id=_text_field(body, "id"),
     )
+
+
+def _text_field(body: object, name: str) -> str | None:
+    value = field_of(body, name)
+    return value if isinstance(value, str) and value else None
 
 
 def _choice_index(choice: object) -> int:

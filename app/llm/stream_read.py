@@ -52,6 +52,9 @@ class StreamReader:
     usage: TokenUsage | None = None
     finish_reason: str | None = None
     saw_done: bool = False
+    response_model: str | None = None
+    """The ``model`` and ``id`` the chunks carry (the first ones seen), for traces."""
+    response_id: str | None = None
     tags: ThinkTags | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -72,6 +75,12 @@ class StreamReader:
             raise reported_error(chunk["error"])
         if chunk.get("object") == "error":  # vLLM's ErrorResponse sent as a chunk
             raise reported_error(chunk)
+        if self.response_id is None:
+            model, id_ = chunk.get("model"), chunk.get("id")
+            if type(model) is str and model:
+                self.response_model = model
+            if type(id_) is str and id_:
+                self.response_id = id_
         if chunk.get("usage") or "x_groq" in chunk:  # OpenAI sends "usage": null on every chunk
             usage = token_usage(chunk)
             if usage is not None:

@@ -54,6 +54,8 @@ from app.streaming.bus import EventBus, StoredEvent
 from app.streaming.publisher import RunPublisher
 from app.streaming.store import CheckpointRecord, EventPersistError, Fence, HoldClock
 from app.tools.registry import ToolRegistry
+from app.tracing import NO_TRACING, Tracing
+from app.tracing.genai import NoRunSpan, RunSpan
 
 log = logging.getLogger("app.runs")
 
@@ -97,6 +99,8 @@ class ActiveRun:
     the deltas a client saw after the last ``resumed`` still add up to ``done.answer``."""
     model: str | None = None
     """The configured model the run is bound to (its row's ``model``; None: the default)."""
+    trace_parent: str | None = None
+    """The request that started the run (W3C traceparent): the parent of the attempt's span."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +213,10 @@ class Executor:
         active: dict[str, ActiveRun],
         cancel_local: Callable[[ActiveRun, CancelReason], None],
         approvals: ApprovalDesk,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.settings = settings
+        self.tracing = tracing
         self.approvals = approvals
         self.hold = HoldClock()
         """When the heartbeat last confirmed this worker's leases (the fences of its attempts)."""
@@ -277,7 +283,8 @@ class Executor:
     def _tools_for(self, conversation: ConversationRecord) -> ToolRegistry:
         names = (conversation.agent_config or {}).get("tools")
         # No list means every tool; an empty list means none (an agent that only talks).
-        return self.tools if names is None else self.tools.subset(names)
+        tools = self.tools if names is None else self.tools.subset(names)
+        return self.tracing.tools(tools)
 
     async def _execute(
         self,
@@ -289,8 +296,43 @@ class Executor:
         resume: Resume | None,
         seen: object | None,
     ) -> None:
+        """The attempt in its ``invoke_agent`` span (a no-op without tracing), with the tokens
+        it used and how it ended."""
         run_id_var.set(active.run_id)
         conversation_id_var.set(active.conversation_id)
+        active.model = self.models.resolve(active.model)
+        span = self.tracing.run_span(
+            run_id=active.run_id,
+            conversation_id=active.conversation_id,
+            attempt=active.attempt,
+            spec=self.models.spec(active.model),
+            traceparent=active.trace_parent,
+        )
+        tokens_before = (active.usage.prompt_tokens, active.usage.completion_tokens)
+        with span:
+            outcome, error = await self._attempt(
+                active, conversation, question, history, last_id, resume, seen, span
+            )
+            span.outcome(
+                outcome,
+                error,
+                active.usage.prompt_tokens - tokens_before[0],
+                active.usage.completion_tokens - tokens_before[1],
+            )
+
+    async def _attempt(
+        self,
+        active: ActiveRun,
+        conversation: ConversationRecord,
+        question: str,
+        history: list[ChatMessage],
+        last_id: str | None,
+        resume: Resume | None,
+        seen: object | None,
+        span: RunSpan | NoRunSpan,
+    ) -> tuple[str, str | None]:
+        """Returns how the attempt ended (the run's status, or ``lost``, ``handed_over``,
+        ``waiting``) and the run's error."""
         publisher = self.publisher(
             active.conversation_id,
             active.run_id,
@@ -311,6 +353,7 @@ class Executor:
             elif isinstance(event, IterationDone):
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
             elif isinstance(event, ApprovalRequested):
+                span.event("agentstream.approval_requested", {"gen_ai.tool.name": event.tool_name})
                 # Stored before it is announced: a decision made as soon as a client sees it finds it.
                 stored = await self.approvals.store_request(
                     event,
@@ -331,17 +374,16 @@ class Executor:
         policy = approval_policy(self.settings, conversation)
         if policy is not None:
             hooks.add_pre(policy)
-        model = self.models.resolve(active.model)
-        active.model = model
 
         async def fell_back(from_model: str, to_model: str) -> None:
             log.warning(
                 "a call went to the model's fallback: the model stayed unavailable after its retries",
                 extra={"from_model": from_model, "to_model": to_model},
             )
+            span.event("agentstream.fallback", {"from_model": from_model, "to_model": to_model})
             await publisher.publish(FellBack(from_model, to_model))
 
-        llm = self.models.for_run(model, fell_back)
+        llm = self.models.for_run(self.models.resolve(active.model), fell_back)
         agent = ReActAgent(
             llm, self._tools_for(conversation), agent_config(self.settings, conversation), hooks
         )
@@ -401,20 +443,23 @@ class Executor:
             log.exception("run crashed")
             status, error = "failed", f"internal error: {type(exc).__name__}"
         active.finishing = True
+        outcome = status
         try:
             if active.cancel_reason == "lost":
+                outcome = "lost"
                 # Another attempt holds the run now: add nothing after what it publishes (what
                 # this one still had queued is dropped), and leave the conversation's queue to it.
                 log.warning("run was taken over by another worker; stopped it here")
                 await publisher.discard()
             elif active.cancel_reason == "handover":
+                outcome = "handed_over"
                 checkpointer.record_usage(active.usage, resume.state.values if resume is not None else None)
                 await self._hand_over(active, publisher)
             elif result is not None and result.status == "waiting" and active.cancel_reason is None:
+                outcome = "waiting"
                 if not await self._park(active, publisher):
-                    await self._finish(
-                        active, publisher, queue, None, [], "cancelled", "cancelled by the user"
-                    )
+                    outcome, error = "cancelled", "cancelled by the user"
+                    await self._finish(active, publisher, queue, None, [], outcome, error)
             else:
                 await self._finish(active, publisher, queue, result, engine_done, status, error)
         except ConversationNotFoundError:
@@ -427,6 +472,7 @@ class Executor:
                 await publisher.close()
             self.active.pop(active.run_id, None)
             self.metrics.active_runs.dec()
+        return outcome, error
 
     async def _hand_over(self, active: ActiveRun, publisher: RunPublisher) -> None:
         """Store what the attempt published and checkpointed, then release the run, so that

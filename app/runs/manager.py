@@ -39,6 +39,7 @@ from app.settings import Settings
 from app.streaming.bus import EventBus, later_cursor
 from app.streaming.redis_signals import MemoryCancelSignal
 from app.tools.registry import ToolRegistry
+from app.tracing import NO_TRACING, Tracing
 
 log = logging.getLogger("app.runs")
 
@@ -66,6 +67,7 @@ class RunManager:
         approvals: ApprovalRepo,
         leases: RunRepo | None = None,
         released_signal: Any = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.settings = settings
         self.conversations = conversations
@@ -98,6 +100,7 @@ class RunManager:
             active=self._active,
             cancel_local=self._cancel_local,
             approvals=ApprovalDesk(approvals, metrics),
+            tracing=tracing,
         )
         self.takeover = Takeover(
             settings=settings,
@@ -216,6 +219,8 @@ class RunManager:
                 start_cursor=later_cursor(bus_last, None),
                 prior=prior,
                 model=self.executor.models.resolve((conversation.agent_config or {}).get("model")),
+                # The request's span: each attempt's span is its child, on whichever worker.
+                trace_parent=self.executor.tracing.traceparent(),
             )
         except RunActiveError as exc:
             raise RunActiveConflict("a run is already active in this conversation") from exc
@@ -223,7 +228,7 @@ class RunManager:
         # moment before its close) is in this run's history now (RunRepo.start).
         self.metrics.runs_started.inc()
         self.executor.launch(
-            ActiveRun(run.id, conv_id, model=run.model),
+            ActiveRun(run.id, conv_id, model=run.model, trace_parent=run.trace_parent),
             conversation,
             message,
             history,

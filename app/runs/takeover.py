@@ -370,6 +370,7 @@ class Takeover:
             usage=state.usage(),
             iterations=state.iterations(),
             model=run.model,
+            trace_parent=run.trace_parent,
         )
         # Only a run that asked for approvals has decisions to read.
         asked = state.pending is not None and bool(state.pending.awaiting)

@@ -32,6 +32,7 @@ from contextlib import AsyncExitStack
 from typing import Annotated, Any, Literal, TextIO
 
 import orjson
+from opentelemetry import propagate
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from app.tools.registry import Tool, ToolInvocation, ToolRegistry
@@ -310,7 +311,7 @@ class MCPConnection:
             tool,
             dict(arguments),
             read_timeout_seconds=self.config.timeout_s + 1.0,
-            meta={"idempotency_key": idempotency_key} if idempotency_key else None,
+            meta=_meta(idempotency_key),
         )
         text = result_text(result)
         if result.is_error:
@@ -438,3 +439,11 @@ __all__ = [
     "result_text",
     "tool_name",
 ]
+
+
+def _meta(idempotency_key: str) -> dict[str, Any] | None:
+    """A call's ``_meta``: its idempotency key, and the calling span's context (``traceparent``,
+    as the MCP semantic conventions carry it) when the service traces."""
+    meta: dict[str, Any] = {"idempotency_key": idempotency_key} if idempotency_key else {}
+    propagate.inject(meta)
+    return meta or None

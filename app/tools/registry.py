@@ -35,6 +35,9 @@ class ToolResult:
     content: str
     error: str | None = None
     artifact: Artifact | None = None
+    error_type: str | None = None
+    """What kind of failure ``error`` is, in a word (``timeout``, ``invalid_arguments``,
+    ``not_found``, or the exception's class name), for traces and metrics."""
 
     @property
     def ok(self) -> bool:
@@ -42,6 +45,14 @@ class ToolResult:
 
 
 ToolFunc = Callable[..., Awaitable[str | ToolOutput]]
+
+ToolObserver = Callable[
+    ["Tool | None", str, Mapping[str, Any], "ToolInvocation | None", Callable[[], Awaitable[ToolResult]]],
+    Awaitable[ToolResult],
+]
+"""Wraps every execution of a registry that has one (``ToolRegistry.observed``): called with the
+tool (None if unknown), its name, the arguments, the invocation and the execution itself, which
+it awaits once and whose result it returns (traces: ``app.tracing``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +68,7 @@ class ToolInvocation:
     owner: str = ""
     run_id: str = ""
     conversation_id: str = ""
+    call_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +107,11 @@ class Tool:
 @dataclass(slots=True)
 class ToolRegistry:
     _tools: dict[str, Tool] = field(default_factory=dict)
+    _observer: ToolObserver | None = None
+
+    def observed(self, observer: ToolObserver) -> ToolRegistry:
+        """This registry's tools, each execution passed through ``observer`` (subsets too)."""
+        return ToolRegistry(self._tools, observer)
 
     @classmethod
     def of(cls, tools: Iterable[Tool]) -> ToolRegistry:
@@ -125,7 +142,7 @@ class ToolRegistry:
 
     def subset(self, names: Iterable[str]) -> ToolRegistry:
         """A registry of the named tools that exist here, in the order given; unknown names are skipped."""
-        reg = ToolRegistry()
+        reg = ToolRegistry(_observer=self._observer)
         for name in names:
             tool = self._tools.get(name)
             if tool is not None and name not in reg:
@@ -138,6 +155,15 @@ class ToolRegistry:
     async def execute(
         self, name: str, args: Mapping[str, Any], *, invocation: ToolInvocation | None = None
     ) -> ToolResult:
+        if self._observer is None:
+            return _encodable(await self._execute(name, args, invocation))
+        return await self._observer(
+            self._tools.get(name), name, args, invocation, lambda: self._execute_clean(name, args, invocation)
+        )
+
+    async def _execute_clean(
+        self, name: str, args: Mapping[str, Any], invocation: ToolInvocation | None
+    ) -> ToolResult:
         return _encodable(await self._execute(name, args, invocation))
 
     async def _execute(
@@ -146,7 +172,11 @@ class ToolRegistry:
         tool = self._tools.get(name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
-            return ToolResult(content="", error=f"Tool '{name}' not found. Available tools: {available}")
+            return ToolResult(
+                content="",
+                error=f"Tool '{name}' not found. Available tools: {available}",
+                error_type="not_found",
+            )
         kwargs = dict(args)
         if tool.takes_invocation:
             # Never the model's to set: a key it made up could make a real call look like a repeat.
@@ -154,11 +184,17 @@ class ToolRegistry:
         try:
             out = await asyncio.wait_for(tool.func(**kwargs), timeout=tool.timeout_s)
         except TimeoutError:
-            return ToolResult(content="", error=f"Tool '{name}' timed out after {tool.timeout_s:g}s")
+            return ToolResult(
+                content="", error=f"Tool '{name}' timed out after {tool.timeout_s:g}s", error_type="timeout"
+            )
         except TypeError as exc:
-            return ToolResult(content="", error=f"Invalid arguments for tool '{name}': {exc}")
+            return ToolResult(
+                content="",
+                error=f"Invalid arguments for tool '{name}': {exc}",
+                error_type="invalid_arguments",
+            )
         except Exception as exc:
-            return ToolResult(content="", error=f"{type(exc).__name__}: {exc}")
+            return ToolResult(content="", error=f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
         if isinstance(out, ToolOutput):
             return ToolResult(content=out.content, artifact=out.artifact)
         return ToolResult(content=str(out))
@@ -178,4 +214,6 @@ def _encodable(result: ToolResult) -> ToolResult:
     if artifact is not None:
         artifact = replace(artifact, filename=_clean(artifact.filename), content=_clean(artifact.content))
     error = _clean(result.error) if result.error is not None else None
-    return ToolResult(content=_clean(result.content), error=error, artifact=artifact)
+    return ToolResult(
+        content=_clean(result.content), error=error, artifact=artifact, error_type=result.error_type
+    )

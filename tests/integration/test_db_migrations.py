@@ -283,10 +283,13 @@ async def test_the_message_reasoning_revision_keeps_messages_and_stores_reasonin
     assert await scalar(database_url, "SELECT count(*) FROM messages") == 2
 
 
-async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes_cleanly(
-    database_url: str,
-) -> None:
-    await asyncio.to_thread(upgrade_database, database_url, "0004")
+def run_columns(conn: Connection) -> set[str]:
+    return {col["name"] for col in inspect(conn).get_columns("runs")}
+
+
+async def finished_run_at(database_url: str, revision: str) -> None:
+    """A database at ``revision`` holding one finished run (``run_old``, of ``conv_old``)."""
+    await asyncio.to_thread(upgrade_database, database_url, revision)
     now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
     await execute(
         database_url,
@@ -301,8 +304,11 @@ async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes
         FINISHED_RUN,
     )
 
-    def run_columns(conn: Connection) -> set[str]:
-        return {col["name"] for col in inspect(conn).get_columns("runs")}
+
+async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes_cleanly(
+    database_url: str,
+) -> None:
+    await finished_run_at(database_url, "0004")
 
     await asyncio.to_thread(upgrade_database, database_url)
 
@@ -323,3 +329,21 @@ async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes
     assert await scalar(database_url, "SELECT count(*) FROM runs") == 1
     assert await scalar(database_url, "SELECT answer FROM runs WHERE id = 'run_old'") == "4"
     assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_old'") == "completed"
+
+
+async def test_the_trace_parent_revision_adds_a_null_column_and_undoes_cleanly(database_url: str) -> None:
+    await finished_run_at(database_url, "0005")
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    assert "trace_parent" in await inspect_database(database_url, run_columns)
+    db = Database(database_url)
+    try:
+        run = await RunRepo(db.sessionmaker).get("alice", "run_old")
+    finally:
+        await db.dispose()
+    assert run is not None
+    assert (run.trace_id, run.trace_parent, run.status, run.answer) == (None, None, "completed", "4")
+
+    await asyncio.to_thread(downgrade_database, database_url, "0005")
+    assert "trace_parent" not in await inspect_database(database_url, run_columns)
+    assert await scalar(database_url, "SELECT answer FROM runs WHERE id = 'run_old'") == "4"

@@ -6,7 +6,7 @@ variable of the server process, so a test can check the config's ``env``), and f
 tests ``send(to)`` (a side effect: must not run twice) and ``lookup(key)`` (read-only, so
 idempotent), and ``inspect(path)``, read-only too, which kills the service that called it (a run
 whose attempts keep dying). Those two append a JSON line to the file ``$MCP_JOURNAL`` when they start and when
-they end, with the ``idempotency_key`` of the request's ``_meta``; while a file
+they end, with the ``idempotency_key`` and ``traceparent`` of the request's ``_meta``; while a file
 ``$MCP_JOURNAL.hold.<tool>`` exists they wait (so a test can kill the service in the middle of a call).
 
     python -m tests.support.mcp_server                      # stdio
@@ -85,7 +85,13 @@ def build_server() -> MCPServer:
 async def _journaled(tool: str, arg: str, ctx: Context) -> str:
     journal = os.environ.get("MCP_JOURNAL")
     meta = ctx.request_context.meta or {}
-    entry = {"tool": tool, "arg": arg, "key": meta.get("idempotency_key"), "pid": os.getpid()}
+    entry = {
+        "tool": tool,
+        "arg": arg,
+        "key": meta.get("idempotency_key"),
+        "traceparent": meta.get("traceparent"),
+        "pid": os.getpid(),
+    }
     if journal:
         _append(journal, {**entry, "at": "start"})
         await asyncio.to_thread(_wait_while_held, f"{journal}.hold.{tool}")

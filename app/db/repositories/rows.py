@@ -155,6 +155,8 @@ class RunRecord:
     cancel_requested: bool = False
     model: str | None = None
     trace_id: str | None = None
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` of the request that started the run: every attempt's span's parent."""
 
 
 def _conversation_record(row: Any) -> ConversationRecord:
@@ -212,6 +214,7 @@ def _run_record(row: Any) -> RunRecord:
         cancel_requested=bool(row.cancel_requested),
         model=row.model,
         trace_id=row.trace_id,
+        trace_parent=row.trace_parent,
     )
 
 

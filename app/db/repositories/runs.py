@@ -100,7 +100,7 @@ class RunRepo:
         lease_s: float,
         start_cursor: str,
         model: str | None = None,
-        trace_id: str | None = None,
+        trace_parent: str | None = None,
     ) -> dict[str, Any]:
         now = utcnow()
         return {
@@ -124,7 +124,9 @@ class RunRepo:
             "lost_attempts": 0,
             "cancel_requested": False,
             "model": model,
-            "trace_id": trace_id,
+            # ``00-<trace id>-<span id>-<flags>``: the trace the run's spans belong to, and their parent.
+            "trace_id": trace_parent[3:35] if trace_parent else None,
+            "trace_parent": trace_parent,
         }
 
     async def _explain_conflict(self, conversation_id: str) -> NoReturn:
@@ -148,7 +150,7 @@ class RunRepo:
         start_cursor: str,
         prior: Sequence[ChatMessage] = (),
         model: str | None = None,
-        trace_id: str | None = None,
+        trace_parent: str | None = None,
     ) -> tuple[RunRecord, list[ChatMessage]]:
         """Insert a running run leased to ``worker_id`` and, in the same transaction, store
         ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
@@ -166,7 +168,14 @@ class RunRepo:
         the conversation does not exist.
         """
         row = self._new_row(
-            conversation_id, owner, message, worker_id, lease_s, start_cursor, model=model, trace_id=trace_id
+            conversation_id,
+            owner,
+            message,
+            worker_id,
+            lease_s,
+            start_cursor,
+            model=model,
+            trace_parent=trace_parent,
         )
         try:
             async with self._sessionmaker.begin() as session:

@@ -368,7 +368,14 @@ async def test_stream_yields_deltas_then_usage_from_the_final_chunk(
         TextDelta("Hel"),
         TextDelta("lo"),
         TextDelta(" world"),
-        StreamEnd(usage=TokenUsage(21, 3, 24), attempts=1, finish_reason="stop"),
+        # The model and id the chunks carry, for traces.
+        StreamEnd(
+            usage=TokenUsage(21, 3, 24),
+            attempts=1,
+            finish_reason="stop",
+            response_model="test-model",
+            response_id="chatcmpl-fake",
+        ),
     ]
     body = server.requests[0]
     assert body["stream"] is True
@@ -387,7 +394,9 @@ async def test_stream_is_retried_when_it_fails_before_the_first_delta(
     items = await collect(make_llm().stream_chat(QUESTION))
 
     assert [i.text for i in items if isinstance(i, TextDelta)] == ["a", "b"]
-    assert items[-1] == StreamEnd(usage=TokenUsage(1, 2, 3), attempts=3, finish_reason="stop")
+    end = items[-1]
+    assert isinstance(end, StreamEnd)
+    assert (end.usage, end.attempts, end.finish_reason) == (TokenUsage(1, 2, 3), 3, "stop")
     assert len(sleep.delays) == 2
 
 

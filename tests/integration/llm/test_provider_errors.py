@@ -16,7 +16,6 @@ from app.llm.base import (
     LLMRequestRejectedError,
     LLMResponseError,
     LLMUnavailableError,
-    StreamEnd,
     TextDelta,
     TokenUsage,
 )
@@ -195,7 +194,11 @@ async def test_a_length_cut_keeps_its_text_and_says_length(server: FakeOpenAISer
     items = await collect(make_llm().stream_chat(QUESTION))
 
     assert texts(items) == ["9.8 is"]
-    assert end(items) == StreamEnd(usage=TokenUsage(5, 2, 7), attempts=1, finish_reason="length")
+    assert (end(items).usage, end(items).attempts, end(items).finish_reason) == (
+        TokenUsage(5, 2, 7),
+        1,
+        "length",
+    )
 
 
 # -- errors inside a 200 body ----------------------------------------------------------------

@@ -605,3 +605,11 @@ def test_only_the_provider_that_sends_the_reasoning_back_keeps_it() -> None:
 
     assert parse_completion(body, PROFILES["deepseek"], 1).kept_reasoning == "2+2"
     assert parse_completion(body, GENERIC, 1).kept_reasoning is None
+
+
+def test_the_replys_model_and_id_are_kept_for_traces_and_absent_ones_are_none() -> None:
+    named = parse_completion(completion(choice({"content": "4"}), model="gpt-x-2025-01"), GENERIC, 1)
+    bare = parse_completion({"choices": [choice({"content": "4"})]}, GENERIC, 1)
+
+    assert (named.response_model, named.response_id) == ("gpt-x-2025-01", "chatcmpl-1")
+    assert (bare.response_model, bare.response_id) == (None, None)

@@ -413,3 +413,15 @@ async def test_nothing_after_done_counts() -> None:
 
     assert items == [chunk({"content": "a"}, finish="stop")]
     assert body.read_to_end
+
+
+def test_the_streams_model_and_id_are_kept_for_traces() -> None:
+    reader = StreamReader(GENERIC)
+
+    feed_all(
+        reader,
+        chunk({"content": "4"}, model="gpt-x-2025-01", id="chatcmpl-9"),
+        chunk({"content": "2"}, "stop", model="other", id="other"),
+    )
+
+    assert (reader.response_model, reader.response_id) == ("gpt-x-2025-01", "chatcmpl-9")
