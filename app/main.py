@@ -76,7 +76,7 @@ async def build_services(settings: Settings) -> Services:
     # First: bad LLM_MODELS or OTEL_* settings stop the start before anything is opened.
     tracing = build_tracing(settings)
     models = build_models(
-        settings, wrap=lambda spec, llm: tracing.llm(spec, InstrumentedLLM(llm, metrics, spec.name))
+        settings, wrap=lambda spec, llm: InstrumentedLLM(llm, metrics, spec.name, tracing.chat_spans(spec))
     )
     await asyncio.to_thread(upgrade_database, settings.database_url)
     db = Database(settings.database_url)

@@ -300,18 +300,19 @@ class Executor:
         it used and how it ended."""
         run_id_var.set(active.run_id)
         conversation_id_var.set(active.conversation_id)
-        active.model = self.models.resolve(active.model)
+        model = active.model = self.models.resolve(active.model)
         span = self.tracing.run_span(
             run_id=active.run_id,
             conversation_id=active.conversation_id,
             attempt=active.attempt,
-            spec=self.models.spec(active.model),
+            model=model,
+            spec=self.models.spec(model),
             traceparent=active.trace_parent,
         )
         tokens_before = (active.usage.prompt_tokens, active.usage.completion_tokens)
         with span:
             outcome, error = await self._attempt(
-                active, conversation, question, history, last_id, resume, seen, span
+                active, model, conversation, question, history, last_id, resume, seen, span
             )
             span.outcome(
                 outcome,
@@ -323,6 +324,7 @@ class Executor:
     async def _attempt(
         self,
         active: ActiveRun,
+        model: str,
         conversation: ConversationRecord,
         question: str,
         history: list[ChatMessage],
@@ -383,7 +385,7 @@ class Executor:
             span.event("agentstream.fallback", {"from_model": from_model, "to_model": to_model})
             await publisher.publish(FellBack(from_model, to_model))
 
-        llm = self.models.for_run(self.models.resolve(active.model), fell_back)
+        llm = self.models.for_run(model, fell_back)
         agent = ReActAgent(
             llm, self._tools_for(conversation), agent_config(self.settings, conversation), hooks
         )

@@ -394,7 +394,24 @@ class Takeover:
         return later_cursor(bus_last, await self.events.last_id(conversation_id))
 
     async def close_unheld(self, run: RunRecord, state: RunCheckpoint, status: str, error: str) -> bool:
-        """Close ``run``, which this worker claimed but will not carry on, with its ``done``."""
+        """Close ``run``, which this worker claimed but will not carry on, with its ``done`` (in a
+        short span of its own: the run's trace says how it ended)."""
+        models = self.executor.models
+        model = run.model or models.default
+        span = self.executor.tracing.run_span(
+            run_id=run.id,
+            conversation_id=run.conversation_id,
+            attempt=run.attempt,
+            model=model,
+            spec=models.spec(model) if model in models else None,
+            traceparent=run.trace_parent,
+        )
+        with span:
+            closed = await self._close_unheld(run, state, status, error)
+            span.outcome(status if closed else "lost", error, 0, 0)
+        return closed
+
+    async def _close_unheld(self, run: RunRecord, state: RunCheckpoint, status: str, error: str) -> bool:
         await self._salvage_events(run)
         answer, iterations = progress(await self.events.for_run(run.id))
         publisher = self.executor.publisher(

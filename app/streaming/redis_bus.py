@@ -14,6 +14,7 @@ from the stream by id (``XRANGE``), so a slow client never stalls the others nor
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import time
@@ -162,7 +163,11 @@ class _StreamReader:
         self._xread_head = b"".join(
             bulk(str(a)) for a in ("XREAD", "COUNT", _PAGE, "BLOCK", bus.block_ms, "STREAMS")
         )
-        self.task = asyncio.create_task(self._run(), name="redis-stream-reader")
+        # A context of its own: it serves every conversation, not the request that made it (whose
+        # run id and span the log lines would otherwise carry).
+        self.task = asyncio.create_task(
+            self._run(), name="redis-stream-reader", context=contextvars.Context()
+        )
 
     def subscribe(self, conversation_id: str, key: str, position: str) -> _Subscription:
         sub = self.subscriptions.get(conversation_id)
@@ -264,7 +269,10 @@ class _Writer:
         self.connection = connection
         self._queue: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
-        self.task = asyncio.create_task(self._run(), name="redis-stream-writer")
+        # A context of its own: it writes for every run, not for the one whose event started it.
+        self.task = asyncio.create_task(
+            self._run(), name="redis-stream-writer", context=contextvars.Context()
+        )
 
     def submit(self, key: str, events: Sequence[StoredEvent]) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

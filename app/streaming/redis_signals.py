@@ -10,6 +10,7 @@ conversation got a follow-up (kept in the database: ``app.runs.follow_ups``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import random
@@ -98,7 +99,9 @@ class RedisCancelSignal:
             # A worker must start while Redis is down (its /readyz then says so); the listener
             # below keeps trying to subscribe.
             log.warning("cancel listener cannot reach Redis yet; retrying", extra={"error": str(exc)})
-        self._task = asyncio.create_task(self._run(callback, active_runs), name="cancel-signal-listener")
+        self._task = asyncio.create_task(
+            self._run(callback, active_runs), name="cancel-signal-listener", context=contextvars.Context()
+        )
 
     async def _subscribe(self) -> None:
         pubsub: Any = self._redis.pubsub(ignore_subscribe_messages=True)

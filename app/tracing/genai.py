@@ -8,11 +8,12 @@ Message contents (prompts, answers, tool arguments and results) are recorded onl
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
@@ -26,22 +27,22 @@ from opentelemetry.trace import (
 )
 
 from app.llm.base import (
-    LLM,
     ChatMessage,
     ChatResult,
     LLMRequestRejectedError,
     StreamEnd,
-    StreamItem,
-    TextDelta,
+    ToolCall,
 )
 from app.observability import conversation_id_var
-from app.tools.registry import Tool, ToolInvocation, ToolResult
+from app.tools.registry import Tool, ToolInvocation, ToolObserver, ToolResult
 
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
 RESPONSE_ID = "gen_ai.response.id"
+REQUEST_STREAM = "gen_ai.request.stream"
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
@@ -150,12 +151,13 @@ def fail(span: trace.Span, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, str(exc)[:500]))
 
 
-class TracedLLM:
-    """One configured model's LLM, each call a ``chat`` span (a child of the run's span)."""
+class ChatSpans:
+    """The ``chat`` spans of one configured model: ``InstrumentedLLM`` (app.runs.instrumented)
+    opens one around each call, a child of the run's span. In the wrapper that counts the call
+    already, not a layer of its own: a streamed token passes one generator less."""
 
     def __init__(
         self,
-        inner: LLM,
         tracer: Tracer,
         *,
         request_model: str,
@@ -163,37 +165,40 @@ class TracedLLM:
         server: Mapping[str, Any],
         capture_content: bool,
     ) -> None:
-        self._inner = inner
         self._tracer = tracer
-        self._capture = capture_content
+        self.capture = capture_content
         self._name = f"chat {request_model}"
         self._attributes = {OPERATION: "chat", PROVIDER: provider, REQUEST_MODEL: request_model, **server}
 
-    @property
-    def abilities(self) -> Mapping[str, bool]:
-        return self._inner.abilities
-
-    @property
-    def model_name(self) -> str:
-        return self._inner.model_name
-
-    @property
-    def inner(self) -> LLM:
-        return self._inner
-
-    def _start(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    def start(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        stream: bool = False,
+        json_output: bool = False,
     ) -> trace.Span:
         attributes = dict(self._attributes)
         conversation_id = conversation_id_var.get()
         if conversation_id is not None:
             attributes[CONVERSATION_ID] = conversation_id
-        if self._capture:
+        if stream:
+            attributes[REQUEST_STREAM] = True
+        if json_output:
+            attributes[OUTPUT_TYPE] = "json"
+        if self.capture:
             attributes.update(input_attributes(messages, tools))
         return self._tracer.start_span(self._name, kind=SpanKind.CLIENT, attributes=attributes)
 
-    @staticmethod
-    def _ended(span: trace.Span, reply: ChatResult | StreamEnd) -> None:
+    def ended(
+        self,
+        span: trace.Span,
+        reply: ChatResult | StreamEnd,
+        content: str | None = None,
+        calls: Sequence[ToolCall] = (),
+    ) -> None:
+        """The reply's usage, model, id and finish reason (and, captured, its ``content`` and
+        tool ``calls``) on ``span``; ending it is the caller's."""
         span.set_attribute(INPUT_TOKENS, reply.usage.prompt_tokens)
         span.set_attribute(OUTPUT_TOKENS, reply.usage.completion_tokens)
         if reply.finish_reason:
@@ -202,67 +207,16 @@ class TracedLLM:
             span.set_attribute(RESPONSE_MODEL, reply.response_model)
         if reply.response_id:
             span.set_attribute(RESPONSE_ID, reply.response_id)
+        if self.capture:
+            span.set_attributes(output_attributes(content, calls, reply.finish_reason))
 
-    async def chat(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: str | Mapping[str, Any] | None = None,
-        response_format: Mapping[str, Any] | None = None,
-    ) -> ChatResult:
-        span = self._start(messages, tools)
-        if response_format is not None:
-            span.set_attribute(OUTPUT_TYPE, "json")
-        try:
-            result = await self._inner.chat(
-                messages, tools=tools, tool_choice=tool_choice, response_format=response_format
-            )
-            self._ended(span, result)
-            if self._capture:
-                span.set_attributes(
-                    output_attributes(result.content, result.tool_calls, result.finish_reason)
-                )
-        except Exception as exc:
-            fail(span, exc)
-            raise
-        finally:
-            span.end()
-        return result
-
-    async def stream_chat(self, messages: Sequence[ChatMessage]) -> AsyncIterator[StreamItem]:
-        span = self._start(messages)
-        text: list[str] = []
-        stream = self._inner.stream_chat(messages)
-        try:
-            async for item in stream:
-                if type(item) is TextDelta:
-                    if self._capture:
-                        text.append(item.text)
-                elif isinstance(item, StreamEnd):
-                    self._ended(span, item)
-                    if self._capture:
-                        span.set_attributes(output_attributes("".join(text), (), item.finish_reason))
-                yield item
-        except Exception as exc:
-            fail(span, exc)
-            raise
-        finally:
-            # Closed with this generator: a stream abandoned midway frees its connection now.
-            close = getattr(stream, "aclose", None)
-            try:
-                if close is not None:
-                    await close()
-            finally:
-                span.end()
-
-    async def aclose(self) -> None:
-        close = getattr(self._inner, "aclose", None)
-        if close is not None:
-            await close()
+    @staticmethod
+    def first_chunk(span: trace.Span, seconds: float) -> None:
+        """The stream's first token came ``seconds`` after it was asked for."""
+        span.set_attribute(TIME_TO_FIRST_CHUNK, seconds)
 
 
-def tool_observer(tracer: Tracer, capture_content: bool) -> Callable[..., Awaitable[ToolResult]]:
+def tool_observer(tracer: Tracer, capture_content: bool) -> ToolObserver:
     """A ``ToolObserver`` that runs each tool call in an ``execute_tool`` span (the current span
     while the tool works: an MCP server gets its context in ``_meta``)."""
 
@@ -278,36 +232,41 @@ def tool_observer(tracer: Tracer, capture_content: bool) -> Callable[..., Awaita
             attributes[TOOL_CALL_ID] = invocation.call_id
         if invocation is not None and invocation.conversation_id:
             attributes[CONVERSATION_ID] = invocation.conversation_id
-        if tool is not None and tool.description:
-            attributes[TOOL_DESCRIPTION] = tool.description.strip().splitlines()[0][:200]
+        description = tool.description.strip() if tool is not None else ""
+        if description:
+            attributes[TOOL_DESCRIPTION] = description.splitlines()[0][:200]
         if capture_content:
             attributes[TOOL_ARGUMENTS] = _json(dict(args))
         span = tracer.start_span(f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes)
-        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        # Current while the tool works (attach/detach: use_span's context manager costs more).
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
             result = await run()
             if result.error is not None:
                 span.set_attribute(ERROR_TYPE, result.error_type or "tool_error")
                 span.set_status(Status(StatusCode.ERROR, result.error[:500]))
             elif capture_content:
                 span.set_attribute(TOOL_RESULT, result.content)
+        finally:
+            otel_context.detach(token)
+            span.end()
         return result
 
     return observe
 
 
-def parent_context(traceparent: str | None) -> Context | None:
-    """The context a ``traceparent`` stored with a run names (None: a root span)."""
-    if not traceparent:
-        return None
-    parts = traceparent.split("-")
+def parent_context(traceparent: str | None) -> Context:
+    """The context a ``traceparent`` stored with a run names; an empty one (a root span) for none
+    or a broken one, never the context the attempt happens to be launched from."""
+    parts = (traceparent or "").split("-")
     try:
         trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
     except (IndexError, ValueError):
-        return None
+        return Context()
     parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
     if not parent.is_valid:
-        return None
-    return trace.set_span_in_context(NonRecordingSpan(parent))
+        return Context()
+    return trace.set_span_in_context(NonRecordingSpan(parent), Context())
 
 
 class RunSpan:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from opentelemetry import trace
 
 from app import __version__
-from app.llm.base import LLM
 from app.llm.models import ModelSpec
 from app.llm.providers import profile_for
 from app.settings import Settings
@@ -21,9 +26,9 @@ from app.tracing.genai import (
     OPERATION,
     PROVIDER,
     REQUEST_MODEL,
+    ChatSpans,
     NoRunSpan,
     RunSpan,
-    TracedLLM,
     provider_name,
     server_attributes,
     tool_observer,
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("app.tracing")
 
 SUPPORTED_PROTOCOL = "http/protobuf"
+SHUTDOWN_TIMEOUT_S = 3.0
 DEFAULT_SERVICE_NAME = "agentstream"
 
 
@@ -55,12 +61,12 @@ class Tracing:
         )
         self._observe = tool_observer(self.tracer, capture_content) if self.tracer is not None else None
 
-    def llm(self, spec: ModelSpec, llm: LLM) -> LLM:
-        """``llm`` (the model of ``spec``) with a ``chat`` span around each call."""
+    def chat_spans(self, spec: ModelSpec) -> ChatSpans | None:
+        """The ``chat`` spans of the model of ``spec`` (None when off): ``InstrumentedLLM`` opens
+        one around each of its calls."""
         if self.tracer is None:
-            return llm
-        return TracedLLM(
-            llm,
+            return None
+        return ChatSpans(
             self.tracer,
             request_model=spec.model,
             provider=_provider(spec),
@@ -73,21 +79,30 @@ class Tracing:
         return registry if self._observe is None else registry.observed(self._observe)
 
     def run_span(
-        self, *, run_id: str, conversation_id: str, attempt: int, spec: ModelSpec, traceparent: str | None
+        self,
+        *,
+        run_id: str,
+        conversation_id: str,
+        attempt: int,
+        model: str,
+        spec: ModelSpec | None,
+        traceparent: str | None,
     ) -> RunSpan | NoRunSpan:
-        """The ``invoke_agent`` span of an attempt, a child of the request that started the run."""
+        """The ``invoke_agent`` span of an attempt of a run on ``model`` (``spec`` None: a model no
+        longer configured), a child of the request that started the run."""
         if self.tracer is None:
             return NO_RUN_SPAN
-        attributes = {
+        attributes: dict[str, Any] = {
             OPERATION: "invoke_agent",
-            PROVIDER: _provider(spec),
+            PROVIDER: _provider(spec) if spec is not None else "unknown",
             AGENT_NAME: AGENT,
             CONVERSATION_ID: conversation_id,
-            REQUEST_MODEL: spec.model,
             "agentstream.run.id": run_id,
             "agentstream.run.attempt": attempt,
-            "agentstream.model": spec.name,
+            "agentstream.model": model,
         }
+        if spec is not None:
+            attributes[REQUEST_MODEL] = spec.model
         return RunSpan(self.tracer, attributes, traceparent)
 
     def traceparent(self) -> str | None:
@@ -95,17 +110,38 @@ class Tracing:
         ``traceparent``: a run's attempts are its children, whichever worker runs them."""
         if not self.enabled:
             return None
-        from opentelemetry import trace
-
         ctx = trace.get_current_span().get_span_context()
         if not ctx.is_valid:
             return None
         return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
-    async def shutdown(self) -> None:
-        """Export what is still buffered (bounded by the exporter's timeout), then stop."""
-        if self._provider is not None:
-            await asyncio.to_thread(self._provider.shutdown)
+    async def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Export what is still buffered, for ``timeout_s`` at most: a collector that is down or
+        hangs must not hold a deploy's stop (the SDK's own bound is 30 s and more). In a thread of
+        its own (daemon: one still exporting does not keep the process), not the loop's executor,
+        which the loop's close waits for."""
+        provider = self._provider
+        if provider is None:
+            return
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def done() -> None:
+            if not finished.done():
+                finished.set_result(None)
+
+        def stop() -> None:
+            try:
+                provider.shutdown()
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(done)
+
+        threading.Thread(target=stop, name="tracing-shutdown", daemon=True).start()
+        try:
+            await asyncio.wait_for(asyncio.shield(finished), timeout_s)
+        except TimeoutError:
+            log.warning("tracing: spans not exported within %.0f s of the stop were dropped", timeout_s)
 
 
 NO_TRACING = Tracing()
@@ -129,10 +165,44 @@ def _endpoint(settings: Settings) -> str | None:
 
 
 def _headers(settings: Settings) -> Mapping[str, str] | None:
-    from opentelemetry.util.re import parse_env_headers
+    """The export requests' headers (``key=value,...``, percent-encoded, as the OTLP exporter
+    specification writes them). Checked here rather than by the SDK, whose warning about an entry
+    it cannot read quotes the entry: a key in the log. Errors name the header, never its value."""
+    secret = settings.otel_exporter_otlp_traces_headers or settings.otel_exporter_otlp_headers
+    if secret is None:
+        return None
+    headers: dict[str, str] = {}
+    for number, item in enumerate(secret.get_secret_value().split(","), start=1):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        name = unquote(name).strip().lower()
+        if not sep or not _HEADER_NAME.fullmatch(name):
+            # Only where: what is not key=value may be a piece of a value (a key with a comma).
+            raise TracingConfigError(
+                f"OTEL_EXPORTER_OTLP_HEADERS: entry {number} (of the comma-separated list) is not "
+                "name=value with a header name (the entry is not shown: it may hold a secret)"
+            )
+        headers[name] = unquote(value).strip()
+    return headers
 
-    raw = settings.otel_exporter_otlp_traces_headers or settings.otel_exporter_otlp_headers
-    return parse_env_headers(raw.get_secret_value(), liberal=True) if raw is not None else None
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+"""An HTTP header name (RFC 9110 token), lower case."""
+
+
+def _checked_endpoint(url: str) -> str:
+    """``url`` if it can be logged as it is: an http(s) URL with no user, password or query (a
+    backend's key goes in OTEL_EXPORTER_OTLP_HEADERS, which is never logged)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TracingConfigError("OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise TracingConfigError(
+            "OTEL_EXPORTER_OTLP_ENDPOINT must not carry credentials or a query: "
+            "put a key in OTEL_EXPORTER_OTLP_HEADERS"
+        )
+    return url
 
 
 def tracing_on(settings: Settings) -> bool:
@@ -157,6 +227,8 @@ def build_tracing(settings: Settings) -> Tracing:
             f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: this service exports "
             f"{SUPPORTED_PROTOCOL} (a collector's port 4318)"
         )
+    endpoint = _checked_endpoint(endpoint)
+    headers = _headers(settings)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -171,13 +243,14 @@ def build_tracing(settings: Settings) -> Tracing:
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         # Named neither by OTEL_SERVICE_NAME nor in OTEL_RESOURCE_ATTRIBUTES.
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    provider = TracerProvider(resource=resource)
-    exporter: Any = OTLPSpanExporter(endpoint=endpoint, headers=_headers(settings))
+    # No exit hook per provider: the app's lifespan shuts it down (tests build many apps).
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    exporter: Any = OTLPSpanExporter(endpoint=endpoint, headers=headers)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     log.info(
         "tracing: OTLP/HTTP export on",
         extra={
-            "endpoint": _shown(endpoint),
+            "endpoint": endpoint,
             "capture_content": settings.otel_instrumentation_genai_capture_message_content,
         },
     )
@@ -185,13 +258,3 @@ def build_tracing(settings: Settings) -> Tracing:
         provider,
         capture_content=settings.otel_instrumentation_genai_capture_message_content,
     )
-
-
-def _shown(url: str) -> str:
-    """The endpoint without credentials a URL might carry, for the log."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"

@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 
 from app.main import build_services
+from app.runs.instrumented import InstrumentedLLM
 from app.settings import Settings
 from app.tools.registry import Tool
 from app.tracing import TracingConfigError
+from app.tracing.http import ServerSpans
 from tests.integration.service.conftest import Api, RunOutcome, Service, ServiceFactory
 from tests.integration.service.test_models_resume import entries, hand_over_a_run_on_b
 from tests.support.fake_agents import ToolAgentBehaviour
@@ -176,6 +178,9 @@ def test_a_run_is_one_trace_under_the_request_that_started_it(
         ) == USAGE
         assert chat.attributes["server.address"] == "127.0.0.1"
         assert chat.attributes["gen_ai.response.finish_reasons"]
+    # One call streams: the answer's synthesis, with its time to the first token.
+    (streamed,) = [c for c in chats if c.attributes.get("gen_ai.request.stream")]
+    assert streamed.attributes["gen_ai.response.time_to_first_chunk"] >= 0
     # The run's tokens are its calls' tokens, which are the provider's.
     assert run.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"] == USAGE[0] * len(chats)
     assert run.attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"] == USAGE[1] * len(chats)
@@ -296,19 +301,20 @@ def test_a_call_that_falls_back_is_a_span_per_model_and_an_event_on_the_run(
 # -- off ----------------------------------------------------------------------------------------
 
 
-def test_without_an_endpoint_nothing_is_exported_and_runs_have_no_trace_id(
-    service: ServiceFactory, tool_llm: FakeOpenAIServer, receiver: OtlpReceiver
+def test_without_an_endpoint_nothing_traces_and_runs_have_no_trace_id(
+    service: ServiceFactory, tool_llm: FakeOpenAIServer
 ) -> None:
-    svc = service(llm=tool_llm)  # the receiver listens, but nothing names it
+    svc = service(llm=tool_llm)
     api = svc.api()
 
     outcome = run_with_traceparent(api, new_traceparent()[0])
 
     assert outcome.done["status"] == "completed"
     assert api.get_run(outcome.run_id)["trace_id"] is None
+    # Nothing in the way of a request or a run: no middleware, no wrapped model or tools.
     assert svc.services.tracing.enabled is False
-    svc.stop()  # a provider would flush here
-    assert receiver.requests == 0
+    assert ServerSpans not in {m.cls for m in svc.server.app.user_middleware}
+    assert type(svc.services.models.llm("default")) is InstrumentedLLM
 
 
 def test_otel_sdk_disabled_turns_tracing_off_with_an_endpoint_set(
@@ -366,24 +372,54 @@ def test_a_run_handed_over_to_another_worker_continues_its_trace(
     assert sum(s.attributes["gen_ai.usage.input_tokens"] for s in (first, second)) == usage["prompt_tokens"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_v1_chat_completion_is_traced_under_its_request(
-    traced: Callable[..., Service], tool_llm: FakeOpenAIServer, receiver: OtlpReceiver
+    traced: Callable[..., Service], tool_llm: FakeOpenAIServer, receiver: OtlpReceiver, stream: bool
 ) -> None:
     api = traced(tool_llm).api()
     traceparent, trace_id, _ = new_traceparent()
 
     response = api.http.post(
         "/v1/chat/completions",
-        json={"model": "agentstream", "messages": [{"role": "user", "content": QUESTION}]},
+        json={"model": "agentstream", "messages": [{"role": "user", "content": QUESTION}], "stream": stream},
         headers={"traceparent": traceparent},
     )
 
     assert response.status_code == 200, response.text
     spans = receiver.wait_for_spans(
-        lambda got: any(s.name.startswith("invoke_agent") and s.trace_id == trace_id for s in got)
+        # The request's span ends after its response: it may come in a later batch than the run's.
+        lambda got: (
+            {s.kind for s in got if s.trace_id == trace_id} >= {"SERVER", "INTERNAL"}
+            and any(s.name.startswith("invoke_agent") and s.trace_id == trace_id for s in got)
+        )
     )
     (request,) = [s for s in spans if s.trace_id == trace_id and s.kind == "SERVER"]
     (run,) = [s for s in spans if s.trace_id == trace_id and s.name.startswith("invoke_agent")]
     assert request.name == "POST /v1/chat/completions"
     assert run.parent_span_id == request.span_id
     assert children(spans, run, "execute_tool calculator")
+
+
+def test_a_run_closed_without_an_attempt_ends_its_trace_saying_why(
+    service: ServiceFactory, receiver: OtlpReceiver
+) -> None:
+    def traced_service(**settings: Any) -> Service:
+        return service(otel_exporter_otlp_endpoint=receiver.endpoint, **settings)
+
+    with FakeOpenAIServer(model="a-model") as a, FakeOpenAIServer(model="b-model") as b:
+        conversation, run_id = hand_over_a_run_on_b(traced_service, a, b)
+        # The next deploy no longer has "b": the run is closed, not carried on.
+        only_a = json.dumps(entries(a, b)[:1])
+        events = traced_service(llm_models=only_a, run_lease_s=1.0).api().stream(conversation)
+
+    assert events[-1].data["status"] == "failed"
+    spans = receiver.wait_for_spans(run_spans_ended(run_id, 2), what="both attempts' spans")
+    closed = max(of_run(spans, run_id), key=lambda s: s.attributes["agentstream.run.attempt"])
+    (request,) = [s for s in spans if s.kind == "SERVER" and s.name.endswith("/runs")]
+    assert (closed.trace_id, closed.parent_span_id) == (request.trace_id, request.span_id)
+    assert (closed.status, closed.attributes["agentstream.run.outcome"]) == ("ERROR", "failed")
+    assert "'b' is no longer configured" in closed.status_message
+    assert (closed.attributes["agentstream.model"], closed.attributes["gen_ai.provider.name"]) == (
+        "b",
+        "unknown",
+    )

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from app.llm.base import (
+    LLM,
     ChatMessage,
     ChatResult,
     LLMRequestRejectedError,
@@ -23,6 +24,8 @@ from app.llm.base import (
     ToolCall,
 )
 from app.llm.models import ModelSpec
+from app.observability import Metrics
+from app.runs.instrumented import InstrumentedLLM
 from app.tools.registry import Tool, ToolInvocation, ToolRegistry
 from app.tracing import Tracing
 from app.tracing.genai import message_parts, provider_name, server_attributes
@@ -50,6 +53,11 @@ def tracing(exporter: InMemorySpanExporter, *, capture: bool = False) -> Tracing
     return Tracing(provider, capture_content=capture)
 
 
+def traced_llm(tracing: Tracing, inner: LLM) -> InstrumentedLLM:
+    """The model as the service wraps it: metrics and, tracing, its chat spans."""
+    return InstrumentedLLM(inner, Metrics(), "cheap", tracing.chat_spans(SPEC))
+
+
 def only(exporter: InMemorySpanExporter) -> ReadableSpan:
     (span,) = exporter.get_finished_spans()
     return span
@@ -69,7 +77,7 @@ async def test_a_chat_span_has_the_conventions_attributes_and_no_content_by_defa
         response_model="gpt-x-2025",
         response_id="r1",
     )
-    llm = tracing(exported).llm(SPEC, ScriptedLLM([reply]))
+    llm = traced_llm(tracing(exported), ScriptedLLM([reply]))
 
     await llm.chat(MESSAGES, tools=[{"type": "function", "function": {"name": "calculator"}}])
 
@@ -94,7 +102,7 @@ async def test_with_the_opt_in_a_chat_span_carries_the_messages_in_the_conventio
     exported: InMemorySpanExporter,
 ) -> None:
     reply = ChatResult(None, tool_calls=(ToolCall("call_2", "calculator", '{"expression": "2+2"}'),))
-    llm = tracing(exported, capture=True).llm(SPEC, ScriptedLLM([reply]))
+    llm = traced_llm(tracing(exported, capture=True), ScriptedLLM([reply]))
 
     await llm.chat(
         MESSAGES, tools=[{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
@@ -139,8 +147,8 @@ async def test_with_the_opt_in_a_chat_span_carries_the_messages_in_the_conventio
 async def test_a_streamed_call_ends_its_span_with_the_streams_usage_and_text(
     exported: InMemorySpanExporter,
 ) -> None:
-    llm = tracing(exported, capture=True).llm(
-        SPEC, ScriptedLLM([StreamScript(["4", "2"], usage=TokenUsage(9, 2, 11))])
+    llm = traced_llm(
+        tracing(exported, capture=True), ScriptedLLM([StreamScript(["4", "2"], usage=TokenUsage(9, 2, 11))])
     )
 
     deltas = [item async for item in llm.stream_chat(MESSAGES)]
@@ -168,7 +176,7 @@ async def test_a_stream_abandoned_midway_closes_its_inner_stream_and_ends_its_sp
     exported: InMemorySpanExporter,
 ) -> None:
     inner = ClosingLLM([StreamScript(["a", "b", "c"])])
-    stream = tracing(exported).llm(SPEC, inner).stream_chat(MESSAGES)
+    stream = traced_llm(tracing(exported), inner).stream_chat(MESSAGES)
     async for _ in stream:
         break
     await stream.aclose()  # type: ignore[attr-defined]
@@ -189,7 +197,7 @@ async def test_a_stream_abandoned_midway_closes_its_inner_stream_and_ends_its_sp
 async def test_a_failed_call_has_an_error_status_and_type(
     exported: InMemorySpanExporter, error: Exception, named: str
 ) -> None:
-    llm = tracing(exported).llm(SPEC, ScriptedLLM([error]))
+    llm = traced_llm(tracing(exported), ScriptedLLM([error]))
 
     with pytest.raises(type(error)):
         await llm.chat(MESSAGES)
@@ -241,7 +249,7 @@ async def test_a_tool_span_names_the_call_and_an_error_result_is_an_error(
 
 def test_run_span_tokens_and_a_failed_run(exported: InMemorySpanExporter) -> None:
     span = tracing(exported).run_span(
-        run_id="run_1", conversation_id="c", attempt=2, spec=SPEC, traceparent=None
+        run_id="run_1", conversation_id="c", attempt=2, model="cheap", spec=SPEC, traceparent=None
     )
     with span:
         span.event("agentstream.fallback", {"from_model": "cheap", "to_model": "strong"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from typing import Any
 
 import pytest
@@ -12,9 +14,8 @@ from app.llm.models import ModelSpec
 from app.settings import Settings
 from app.tools.registry import ToolRegistry
 from app.tracing import NO_TRACING, Tracing, TracingConfigError, build_tracing, tracing_on
-from app.tracing.genai import NO_RUN_SPAN, TracedLLM, parent_context
+from app.tracing.genai import NO_RUN_SPAN, ChatSpans, parent_context
 from app.tracing.setup import _endpoint, _headers
-from tests.support.scripted import ScriptedLLM
 
 
 def settings(**values: Any) -> Settings:
@@ -26,14 +27,15 @@ SPEC = ModelSpec(name="default", model="m", base_url="http://127.0.0.1:9/v1")
 
 def test_without_an_endpoint_tracing_is_off_and_wraps_nothing() -> None:
     tracing = build_tracing(settings())
-    llm = ScriptedLLM([])
     registry = ToolRegistry()
 
     assert tracing is NO_TRACING and not tracing_on(settings())
-    assert tracing.llm(SPEC, llm) is llm
+    assert tracing.chat_spans(SPEC) is None
     assert tracing.tools(registry) is registry
     assert (
-        tracing.run_span(run_id="r", conversation_id="c", attempt=1, spec=SPEC, traceparent=None)
+        tracing.run_span(
+            run_id="r", conversation_id="c", attempt=1, model="default", spec=SPEC, traceparent=None
+        )
         is NO_RUN_SPAN
     )
     assert tracing.traceparent() is None
@@ -101,7 +103,7 @@ async def test_an_endpoint_turns_tracing_on_with_a_provider_of_its_own() -> None
     )
     try:
         assert tracing.enabled and tracing.tracer is not None
-        assert isinstance(tracing.llm(SPEC, ScriptedLLM([])), TracedLLM)
+        assert isinstance(tracing.chat_spans(SPEC), ChatSpans)
         # Not the process-global provider: many apps can live in one process.
         assert trace.get_tracer_provider() is not tracing._provider
         assert tracing._provider is not None
@@ -124,8 +126,13 @@ def test_traceparent_is_the_current_spans_context_and_parent_context_reads_it_ba
 
 
 @pytest.mark.parametrize("stored", [None, "", "garbage", "00-xyz-abc-01", f"00-{'0' * 32}-{'0' * 16}-01"])
-def test_a_missing_or_broken_traceparent_gives_a_root_span(stored: str | None) -> None:
-    assert parent_context(stored) is None
+def test_a_missing_or_broken_traceparent_gives_a_root_span_whatever_the_current_span(
+    stored: str | None,
+) -> None:
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("the claim loop's request, say"):
+        parent = trace.get_current_span(parent_context(stored))
+    assert not parent.get_span_context().is_valid
 
 
 @pytest.mark.parametrize(
@@ -150,3 +157,44 @@ async def test_the_service_name_is_otel_service_name_then_the_resources_then_age
         assert tracing._provider.resource.attributes["service.name"] == expected
     finally:
         await tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["Authorization: Bearer sk-top-secret", "Authorization=Bearer sk-ok,sk-top-secret", "=sk-top-secret"],
+)
+def test_headers_that_are_not_key_value_stop_the_start_without_showing_a_value(raw: str) -> None:
+    with pytest.raises(TracingConfigError) as caught:
+        build_tracing(
+            settings(otel_exporter_otlp_endpoint="http://127.0.0.1:9", otel_exporter_otlp_headers=raw)
+        )
+    assert "sk-top-secret" not in str(caught.value) and "sk-ok" not in str(caught.value)
+    assert "OTEL_EXPORTER_OTLP_HEADERS" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://user:sk-top-secret@collector:4318",
+        "http://collector:4318?api_key=sk-top-secret",
+        "ftp://collector",
+    ],
+)
+def test_an_endpoint_with_credentials_a_query_or_another_scheme_stops_the_start(endpoint: str) -> None:
+    with pytest.raises(TracingConfigError) as caught:
+        build_tracing(settings(otel_exporter_otlp_endpoint=endpoint))
+    assert "sk-top-secret" not in str(caught.value)
+
+
+async def test_shutdown_gives_up_on_a_collector_that_never_answers() -> None:
+    # A socket that takes connections (the kernel's backlog) and never answers: the exporter
+    # would wait for its 10 s timeout, and the SDK's shutdown for 30 s.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        tracing = build_tracing(settings(otel_exporter_otlp_endpoint=f"http://127.0.0.1:{port}"))
+        assert tracing.tracer is not None
+        tracing.tracer.start_span("unsent").end()
+
+        await asyncio.wait_for(tracing.shutdown(timeout_s=0.2), timeout=5)
