@@ -143,7 +143,9 @@ class BenchFakeServer(FakeOpenAIServer):
         super().__init__(host, port)
         self.release = asyncio.Event()
 
-    def _record(self, method: str, path: str, headers: dict[str, str], body: dict[str, Any] | None) -> None:
+    def _record(
+        self, method: str, path: str, headers: dict[str, str], body: dict[str, Any] | None, query: str = ""
+    ) -> None:
         # A benchmark sends hundreds of thousands of requests: keep none of them.
         return
 

@@ -489,7 +489,9 @@ def main() -> None:
         "bench/.venv-peers/bin/python -m bench.peers.langgraph_server --url URL\n"
         ".venv/bin/python -m bench.service_bench http|latency|throughput|idle [--db postgres]\n"
         ".venv/bin/python -m bench.durable_bench checkpoints [--quick]   # baseline eaaa192 vs this tree\n"
-        ".venv/bin/python -m bench.durable_bench resume [--quick]\n```\n"
+        ".venv/bin/python -m bench.durable_bench resume [--quick]\n"
+        ".venv/bin/python -m bench.tracing_bench [--quick] [--sides before off on capture spans]"
+        "   # baseline 43354e2 vs this tree\n```\n"
     )
     Path(args.results).write_text("\n".join(md))
 
