@@ -27,6 +27,7 @@ from tests.support.fake_agents import ToolAgentBehaviour
 from tests.support.fake_openai import FakeOpenAIServer
 from tests.support.fake_replies import FakeReply
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.server import wait_until
 
 USAGE = (13, 4)
 QUESTION = "What is 6*7?"
@@ -67,7 +68,10 @@ def tool_llm(fake_llm: FakeOpenAIServer) -> FakeOpenAIServer:
 
 @pytest.fixture
 def traced(service: ServiceFactory, receiver: OtlpReceiver) -> Callable[..., Service]:
-    def make(llm: FakeOpenAIServer, **settings: Any) -> Service:
+    """``traced(llm, **settings)``: the service exporting to the receiver (no ``llm``: the
+    models of ``llm_models`` only)."""
+
+    def make(llm: FakeOpenAIServer | None = None, **settings: Any) -> Service:
         return service(llm=llm, otel_exporter_otlp_endpoint=receiver.endpoint, **settings)
 
     return make
@@ -346,14 +350,12 @@ async def test_an_exporter_protocol_the_service_does_not_speak_stops_the_start(
 
 
 def test_a_run_handed_over_to_another_worker_continues_its_trace(
-    service: ServiceFactory, receiver: OtlpReceiver
+    traced: Callable[..., Service], receiver: OtlpReceiver
 ) -> None:
-    def traced_service(**settings: Any) -> Service:
-        return service(otel_exporter_otlp_endpoint=receiver.endpoint, **settings)
 
     with FakeOpenAIServer(model="a-model") as a, FakeOpenAIServer(model="b-model") as b:
-        conversation, run_id = hand_over_a_run_on_b(traced_service, a, b)
-        api = traced_service(llm_models=json.dumps(entries(a, b)), run_lease_s=1.0).api()
+        conversation, run_id = hand_over_a_run_on_b(traced, a, b)
+        api = traced(llm_models=json.dumps(entries(a, b)), run_lease_s=1.0).api()
         events = api.stream(conversation)
 
     assert events[-1].data["status"] == "completed"
@@ -401,16 +403,14 @@ def test_a_v1_chat_completion_is_traced_under_its_request(
 
 
 def test_a_run_closed_without_an_attempt_ends_its_trace_saying_why(
-    service: ServiceFactory, receiver: OtlpReceiver
+    traced: Callable[..., Service], receiver: OtlpReceiver
 ) -> None:
-    def traced_service(**settings: Any) -> Service:
-        return service(otel_exporter_otlp_endpoint=receiver.endpoint, **settings)
 
     with FakeOpenAIServer(model="a-model") as a, FakeOpenAIServer(model="b-model") as b:
-        conversation, run_id = hand_over_a_run_on_b(traced_service, a, b)
+        conversation, run_id = hand_over_a_run_on_b(traced, a, b)
         # The next deploy no longer has "b": the run is closed, not carried on.
         only_a = json.dumps(entries(a, b)[:1])
-        events = traced_service(llm_models=only_a, run_lease_s=1.0).api().stream(conversation)
+        events = traced(llm_models=only_a, run_lease_s=1.0).api().stream(conversation)
 
     assert events[-1].data["status"] == "failed"
     spans = receiver.wait_for_spans(run_spans_ended(run_id, 2), what="both attempts' spans")
@@ -423,3 +423,37 @@ def test_a_run_closed_without_an_attempt_ends_its_trace_saying_why(
         "b",
         "unknown",
     )
+
+
+def test_a_run_that_waited_for_a_person_goes_on_in_the_same_trace(
+    traced: Callable[..., Service], tool_llm: FakeOpenAIServer, receiver: OtlpReceiver
+) -> None:
+    api = traced(tool_llm).api()
+    conversation = api.create_conversation({"agent": {"require_approval": ["calculator"]}})["id"]
+    traceparent, trace_id, _ = new_traceparent()
+    response = api.http.post(
+        f"/api/conversations/{conversation}/runs",
+        json={"message": QUESTION},
+        headers={"traceparent": traceparent},
+    )
+    assert response.status_code == 202, response.text
+    run_id = response.json()["run_id"]
+    pending = wait_until(lambda: api.get_run(run_id)["pending_approvals"], what="the approval request")
+
+    decided = api.http.post(
+        f"/api/conversations/{conversation}/approvals/{pending[0]['approval_id']}",
+        json={"decision": "approve"},
+    )
+
+    assert decided.status_code == 200, decided.text
+    assert api.wait_finished(run_id)["status"] == "completed"
+    spans = receiver.wait_for_spans(run_spans_ended(run_id, 2), what="the spans before and after the wait")
+    waited, went_on = sorted(of_run(spans, run_id), key=lambda s: s.start_ns)
+    (request,) = [
+        s for s in spans if s.trace_id == trace_id and s.kind == "SERVER" and s.name.endswith("/runs")
+    ]
+    assert [s.attributes["agentstream.run.outcome"] for s in (waited, went_on)] == ["waiting", "completed"]
+    for attempt in (waited, went_on):
+        assert (attempt.trace_id, attempt.parent_span_id) == (trace_id, request.span_id)
+    assert [name for name, _ in waited.events] == ["agentstream.approval_requested"]
+    assert children(spans, went_on, "execute_tool calculator"), "the approved call ran in the run's trace"
