@@ -14,10 +14,9 @@ from the last checkpoint.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -49,6 +48,7 @@ from app.engine.state import (
     ReplyKind,
 )
 from app.engine.synthesis import TraceStep
+from app.engine.tool_results import artifact_payload, cap_observation, observation_of
 from app.llm.base import (
     LLM,
     ChatMessage,
@@ -60,9 +60,6 @@ from app.llm.base import (
 from app.tools.registry import ToolInvocation, ToolRegistry, ToolResult
 
 logger = logging.getLogger(__name__)
-
-EVENT_OBSERVATION_CHARS = 8000
-"""IterationDone carries at most this much of an observation; the LLM still sees all of it."""
 
 MAX_BAD_REPLIES = 3
 """Consecutive malformed LLM replies (E-27) after which the run fails."""
@@ -125,30 +122,6 @@ class LoopSettings:
 def add_llm_call(usage: Usage, reply: ChatResult) -> None:
     t = reply.usage
     usage.add(Usage(t.prompt_tokens, t.completion_tokens, t.total_tokens, reply.attempts))
-
-
-def cap_observation(text: str, limit: int = EVENT_OBSERVATION_CHARS) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n… [truncated {len(text) - limit} characters for display]"
-
-
-def artifact_payload(result: ToolResult) -> dict[str, str] | None:
-    """The artifact as the UI previews it (its full body), for IterationDone."""
-    a = result.artifact
-    if a is None or result.error is not None:
-        return None
-    return {"filename": a.filename, "mime_type": a.mime_type, "content": a.content}
-
-
-def observation_of(result: ToolResult) -> str:
-    """The text the LLM sees for a tool result (E-26): errors say so, artifacts become a marker."""
-    if result.error is not None:
-        return f"Error: {result.error}"
-    if result.artifact is not None:
-        note = result.content.strip() if result.content != result.artifact.content else ""
-        return prompts.artifact_observation(result.artifact.filename, note)
-    return result.content if result.content.strip() else "(the tool returned no output)"
 
 
 @dataclass(slots=True)
@@ -598,27 +571,3 @@ class ToolLoop:
         result = await self.registry.execute(call.tool_name, ctx.tool_args, invocation=invocation)
         result = await self.hooks.run_post(ctx, result)
         return CallOutcome(call, observation_of(result), result.error, ran=ctx.tool is not None), result
-
-
-def json_args_error(tool_name: str, raw: str, problem: str) -> str:
-    shown = raw if len(raw) <= 200 else raw[:199] + "…"
-    return f"Invalid arguments for tool '{tool_name}': {problem}. Received: {shown}"
-
-
-def decode_args(tool_name: str, raw: object) -> tuple[dict[str, Any], str | None]:
-    """Tool arguments the model sent (JSON text or an object) -> (args, error) (E-27)."""
-    if raw is None:
-        return {}, None
-    if isinstance(raw, Mapping):
-        return dict(raw), None
-    if isinstance(raw, str):
-        if not raw.strip():
-            return {}, None
-        try:
-            value = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-            return {}, json_args_error(tool_name, raw, f"not valid JSON ({exc})")
-        if isinstance(value, dict):
-            return value, None
-        return {}, json_args_error(tool_name, raw, "expected a JSON object")
-    return {}, json_args_error(tool_name, repr(raw), "expected a JSON object")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.loop import decode_args
+from app.engine.tool_results import decode_args
 
 
 @pytest.mark.parametrize(
