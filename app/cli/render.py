@@ -78,6 +78,11 @@ class HumanRenderer:
                 self._answer(data)
             case "phase" if data.get("phase") == "resumed":
                 self._resumed(data)
+            case "phase" if data.get("phase") == "fallback":
+                self._line(
+                    f"· model {data.get('from_model', '?')} unavailable: falling back to "
+                    f"{data.get('to_model', '?')}"
+                )
             case "phase":
                 total = data.get("total_tools")
                 suffix = f" ({total} tools)" if total is not None else ""

@@ -189,6 +189,9 @@ export class RunView {
     if (data.phase === "selecting_tools") {
       return `Selecting tools (${plural(data.total_tools, "tool")} available)`;
     }
+    if (data.phase === "fallback") {
+      return `Model ${data.from_model ?? "?"} unavailable: falling back to ${data.to_model ?? "?"}`;
+    }
     const name = String(data.phase ?? "phase").replace(/_/g, " ");
     return name.charAt(0).toUpperCase() + name.slice(1);
   }

@@ -17,6 +17,7 @@ from tests.browser.chat_page import ChatPage
 from tests.browser.conftest import API_KEY
 from tests.support.fake_agents import EchoAgentBehaviour
 from tests.support.fake_openai import FakeOpenAIServer
+from tests.support.fake_replies import FakeReply
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -36,14 +37,23 @@ class TwoModels:
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoModels]:
     """The service as a uvicorn process with models ``a`` (the default) and ``b``, each on a fake
-    provider of its own in this process."""
+    provider of its own in this process, and ``flaky``, whose provider is down, falling back to ``b``."""
     tmp = tmp_path_factory.mktemp("browser-models")
-    with FakeOpenAIServer() as a, FakeOpenAIServer() as b:
+    with FakeOpenAIServer() as a, FakeOpenAIServer() as b, FakeOpenAIServer() as down:
         a.set_handler(EchoAgentBehaviour(ANSWER_A))
         b.set_handler(EchoAgentBehaviour(ANSWER_B))
+        down.set_handler(lambda body: FakeReply.error(503))
         models = [
             {"name": "a", "base_url": a.base_url, "api_key": "sk-a", "model": "provider-a", "max_retries": 0},
             {"name": "b", "base_url": b.base_url, "api_key": "sk-b", "model": "provider-b", "max_retries": 0},
+            {
+                "name": "flaky",
+                "base_url": down.base_url,
+                "api_key": "sk-f",
+                "model": "provider-f",
+                "max_retries": 0,
+                "fallback": "b",
+            },
         ]
         env = {
             "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'agentstream.db'}",
@@ -78,7 +88,7 @@ def test_with_two_models_the_picker_shows_both_and_a_question_on_b_runs_on_b(
     picker = page.get_by_test_id("model-picker")
 
     expect(picker).to_be_visible()
-    expect(picker.locator("option")).to_have_text(["a (default)", "b"])
+    expect(picker.locator("option")).to_have_text(["a (default)", "b", "flaky"])
     expect(picker).to_have_value("a")
 
     picker.select_option("b")
@@ -95,6 +105,24 @@ def test_with_two_models_the_picker_shows_both_and_a_question_on_b_runs_on_b(
     assert conversation(chat.base_url, chat.conversation_id)["agent"]["model"] == "b"
     assert two_models.b.requests
     assert two_models.a.requests == []
+
+
+def test_a_call_that_falls_back_shows_which_model_gave_way_to_which(
+    page: Page, two_models: TwoModels
+) -> None:
+    chat = ChatPage(page, two_models.service.base_url, api_key=API_KEY)
+    chat.open()
+    page.get_by_test_id("model-picker").select_option("flaky")
+    page.get_by_test_id("message-input").fill(QUESTION)
+    page.get_by_test_id("send-button").click()
+    chat.wait_done("completed")
+
+    expect(page.get_by_test_id("separator-phase").filter(has_text="unavailable").first).to_have_text(
+        "Model flaky unavailable: falling back to b"
+    )
+    run_id = page.locator("[data-testid=run][data-run-id]").last.get_attribute("data-run-id")
+    assert run_id
+    assert chat.assert_shows_run_once(run_id).done["answer"] == "".join(ANSWER_B)
 
 
 def test_with_one_model_the_picker_is_hidden_and_conversations_take_the_default(

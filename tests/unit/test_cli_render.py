@@ -79,6 +79,12 @@ def test_calculator_run_prints_tool_step_streamed_answer_and_footer() -> None:
     )
 
 
+def test_a_fallback_says_which_model_gave_way_to_which() -> None:
+    out = render([ev("phase", phase="fallback", from_model="cheap", to_model="strong")])
+
+    assert out == "· model cheap unavailable: falling back to strong\n"
+
+
 def test_answer_tokens_are_written_as_they_arrive_without_waiting_for_done() -> None:
     out = io.StringIO()
     renderer = HumanRenderer(out)
