@@ -172,7 +172,7 @@ async def intake(args: argparse.Namespace) -> None:
     the client used before) and on the default one (aiohttp), interleaved in one run."""
     subjects = {
         "httpx transport (httpcore, h11)": lambda: httpx.AsyncClient(timeout=httpx.Timeout(60)),
-        "aiohttp transport (the default)": lambda: default_http_client(60),
+        "aiohttp transport (the default)": lambda: default_http_client(60, args.url),
     }
     cpu: dict[str, list[float]] = {name: [] for name in subjects}
     tokens: dict[str, int] = dict.fromkeys(subjects, 0)

@@ -27,7 +27,9 @@ import aiohttp
 import httpx
 import openai
 import orjson
+from aiohttp.helpers import get_env_proxy_for_url
 from httpx_aiohttp import AiohttpTransport
+from yarl import URL
 
 from app.llm.base import (
     ChatMessage,
@@ -96,7 +98,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def default_http_client(timeout_s: float) -> httpx.AsyncClient:
+def default_http_client(timeout_s: float, base_url: str) -> httpx.AsyncClient:
     """The HTTP client under the SDK: httpx's interface on aiohttp's transport.
 
     A streamed answer arrives one small chunk per token. httpx's own transport (httpcore and h11,
@@ -104,18 +106,32 @@ def default_http_client(timeout_s: float) -> httpx.AsyncClient:
     aiohttp (a C parser) about a third of that: at a few thousand tokens a second into one worker
     that is most of a core (bench/RESULTS.md). The SDK offers the same transport
     (``openai.DefaultAioHttpClient``). No cap on connections: each active run holds at most one
-    upstream request, and a cap would queue whole runs behind others' answers. Proxies come from the
-    environment (``HTTPS_PROXY``, ``NO_PROXY``), as with httpx.
+    upstream request, and a cap would queue whole runs behind others' answers.
+
+    The proxy comes from the environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``), as with
+    httpx, found once for ``base_url`` (every request goes there): aiohttp's ``trust_env`` would
+    look it up, and ``~/.netrc``, in a thread for every request (two executor hops a call, about
+    15 % of the engine's CPU per run, bench/RESULTS.md). Nothing of ``.netrc`` is used: the SDK
+    sends the key itself.
     """
     ssl_context = httpx.create_ssl_context()
 
     def session() -> aiohttp.ClientSession:  # made on first use, inside the running loop
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ssl=ssl_context)
-        return aiohttp.ClientSession(connector=connector, trust_env=True)
+        proxy, proxy_auth = environment_proxy(base_url)
+        return aiohttp.ClientSession(connector=connector, trust_env=False, proxy=proxy, proxy_auth=proxy_auth)
 
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s), transport=AiohttpTransport(client=session), trust_env=False
     )
+
+
+def environment_proxy(base_url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for ``base_url`` (with its credentials), or none."""
+    try:
+        return get_env_proxy_for_url(URL(base_url))
+    except LookupError:  # none for this URL's scheme, or NO_PROXY covers its host
+        return None, None
 
 
 class OpenAICompatibleLLM:
@@ -151,7 +167,7 @@ class OpenAICompatibleLLM:
             re.compile(f"(?<![{_TOKEN_CHARS}]){re.escape(api_key)}(?![{_TOKEN_CHARS}])") if api_key else None
         )
         self._owns_http = http_client is None
-        self._http = http_client or default_http_client(self._timeout_s)
+        self._http = http_client or default_http_client(self._timeout_s, base_url or DEFAULT_BASE_URL)
         # A query in the base URL (Azure's ``?api-version=``) goes on every request: the SDK would
         # put the path after it.
         url = urlsplit(base_url or DEFAULT_BASE_URL)

@@ -606,3 +606,47 @@ def test_the_server_runs_as_a_standalone_process() -> None:
         assert proc.wait(timeout=10) == 0
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+# -- the environment's proxy ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    return monkeypatch
+
+
+async def test_the_environments_proxy_carries_every_call(
+    server: FakeOpenAIServer, no_proxy_variables: pytest.MonkeyPatch
+) -> None:
+    # The fake server plays the proxy: a request through a proxy names the whole URL.
+    no_proxy_variables.setenv("HTTP_PROXY", server.base_url.removesuffix("/v1"))
+    server.script(FakeReply.text("first"), FakeReply.stream(["second"]))
+    llm = OpenAICompatibleLLM("http://llm.invalid/v1", "sk-test", "m", ABILITIES, max_retries=0)
+    try:
+        first = await llm.chat(QUESTION)
+        second = await collect(llm.stream_chat(QUESTION))
+    finally:
+        await llm.aclose()
+
+    assert (first.content, [i.text for i in second if isinstance(i, TextDelta)]) == ("first", ["second"])
+    assert [r.path for r in server.received] == ["http://llm.invalid/v1/chat/completions"] * 2
+
+
+async def test_no_proxy_sends_the_calls_straight_to_the_provider(
+    server: FakeOpenAIServer, no_proxy_variables: pytest.MonkeyPatch
+) -> None:
+    no_proxy_variables.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    no_proxy_variables.setenv("NO_PROXY", "127.0.0.1")
+    server.script(FakeReply.text("direct"))
+    llm = OpenAICompatibleLLM(server.base_url, "sk-test", "m", ABILITIES, max_retries=0)
+    try:
+        result = await llm.chat(QUESTION)
+    finally:
+        await llm.aclose()
+
+    assert result.content == "direct"
+    assert [r.path for r in server.received] == ["/v1/chat/completions"]
