@@ -167,7 +167,10 @@ async def build_services(settings: Settings) -> Services:
 
 
 async def close_services(services: Services) -> None:
-    await services.manager.shutdown()
+    try:
+        await services.manager.shutdown()
+    except Exception:
+        log.warning("error while stopping the runs", exc_info=True)
     for closer in (
         services.extras["mcp"].aclose,
         services.bus.close,

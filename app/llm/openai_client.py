@@ -16,6 +16,7 @@ import asyncio
 import logging
 import random
 import re
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -118,8 +119,14 @@ def default_http_client(timeout_s: float, base_url: str) -> httpx.AsyncClient:
 
     def session() -> aiohttp.ClientSession:  # made on first use, inside the running loop
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ssl=ssl_context)
-        proxy, proxy_auth = environment_proxy(base_url)
-        return aiohttp.ClientSession(connector=connector, trust_env=False, proxy=proxy, proxy_auth=proxy_auth)
+        with warnings.catch_warnings():
+            # aiohttp 3.14 deprecates BasicAuth and the session's proxy_auth (for proxy_headers,
+            # which it does not use for plain-http targets yet): a proxy URL's credentials need them.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message="(BasicAuth|.*proxy_auth)")
+            proxy, proxy_auth = environment_proxy(base_url)
+            return aiohttp.ClientSession(
+                connector=connector, trust_env=False, proxy=proxy, proxy_auth=proxy_auth
+            )
 
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s), transport=AiohttpTransport(client=session), trust_env=False

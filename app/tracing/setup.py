@@ -133,6 +133,8 @@ class Tracing:
         def stop() -> None:
             try:
                 provider.shutdown()
+            except Exception:
+                log.warning("tracing: the tracer provider did not shut down cleanly", exc_info=True)
             finally:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(done)
@@ -141,7 +143,7 @@ class Tracing:
         try:
             await asyncio.wait_for(asyncio.shield(finished), timeout_s)
         except TimeoutError:
-            log.warning("tracing: spans not exported within %.0f s of the stop were dropped", timeout_s)
+            log.warning("tracing: spans not exported within %.1f s of the stop were dropped", timeout_s)
 
 
 NO_TRACING = Tracing()
@@ -172,35 +174,44 @@ def _headers(settings: Settings) -> Mapping[str, str] | None:
     if secret is None:
         return None
     headers: dict[str, str] = {}
-    for number, item in enumerate(secret.get_secret_value().split(","), start=1):
+    for number, item in enumerate(_HEADER_DELIMITER.split(secret.get_secret_value()), start=1):
         if not item.strip():
             continue
-        name, sep, value = item.partition("=")
-        name = unquote(name).strip().lower()
-        if not sep or not _HEADER_NAME.fullmatch(name):
+        entry = _HEADER_ENTRY.fullmatch(item)
+        name = unquote(entry[1]).strip().lower() if entry else ""
+        value = unquote(entry[2]).strip() if entry else ""
+        if entry is None or not _HEADER_NAME.fullmatch(name) or _CONTROL.search(value):
             # Only where: what is not key=value may be a piece of a value (a key with a comma).
             raise TracingConfigError(
                 f"OTEL_EXPORTER_OTLP_HEADERS: entry {number} (of the comma-separated list) is not "
                 "name=value with a header name (the entry is not shown: it may hold a secret)"
             )
-        headers[name] = unquote(value).strip()
+        headers[name] = value
     return headers
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 """An HTTP header name (RFC 9110 token), lower case."""
+# What the SDK's own (liberal) parser of the same variable takes: the exporter parses the
+# environment's value again whatever it is given, and logs an entry it cannot read, value included.
+_HEADER_DELIMITER = re.compile(r"[ \t]*,[ \t]*")
+_HEADER_ENTRY = re.compile(
+    r"[ \t]*([\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+)[ \t]*=[ \t]*"
+    r"([\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*)[ \t]*"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""Not in a header value, once decoded (a CR/LF would make the HTTP library quote the value)."""
 
 
-def _checked_endpoint(url: str) -> str:
+def _checked_endpoint(url: str, variable: str) -> str:
     """``url`` if it can be logged as it is: an http(s) URL with no user, password or query (a
     backend's key goes in OTEL_EXPORTER_OTLP_HEADERS, which is never logged)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise TracingConfigError("OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL")
+        raise TracingConfigError(f"{variable} must be an http:// or https:// URL")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise TracingConfigError(
-            "OTEL_EXPORTER_OTLP_ENDPOINT must not carry credentials or a query: "
-            "put a key in OTEL_EXPORTER_OTLP_HEADERS"
+            f"{variable} must not carry credentials or a query: put a key in OTEL_EXPORTER_OTLP_HEADERS"
         )
     return url
 
@@ -227,7 +238,12 @@ def build_tracing(settings: Settings) -> Tracing:
             f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: this service exports "
             f"{SUPPORTED_PROTOCOL} (a collector's port 4318)"
         )
-    endpoint = _checked_endpoint(endpoint)
+    endpoint = _checked_endpoint(
+        endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        if settings.otel_exporter_otlp_traces_endpoint
+        else "OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
     headers = _headers(settings)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -154,7 +155,10 @@ class EventRepo:
             writer = None
         if writer is None or writer.done():
             # A task of its own, so that a caller that stops waiting does not stop the others' write.
-            self._writer = asyncio.create_task(self._write_queued(), name="event-store-writer")
+            # And a context of its own: it writes for every run, not the one whose save made it.
+            self._writer = asyncio.create_task(
+                self._write_queued(), name="event-store-writer", context=contextvars.Context()
+            )
         await asyncio.shield(future)
 
     async def _write_queued(self) -> None:

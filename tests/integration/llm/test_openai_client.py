@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
 import subprocess
@@ -650,3 +651,20 @@ async def test_no_proxy_sends_the_calls_straight_to_the_provider(
 
     assert result.content == "direct"
     assert [r.path for r in server.received] == ["/v1/chat/completions"]
+
+
+async def test_a_proxy_with_credentials_gets_them_on_every_call(
+    server: FakeOpenAIServer, no_proxy_variables: pytest.MonkeyPatch
+) -> None:
+    address = server.base_url.removesuffix("/v1").removeprefix("http://")
+    no_proxy_variables.setenv("HTTP_PROXY", f"http://proxy-user:proxy%20pw@{address}")
+    server.script(FakeReply.text("first"), FakeReply.text("second"))
+    llm = OpenAICompatibleLLM("http://llm.invalid/v1", "sk-test", "m", ABILITIES, max_retries=0)
+    try:
+        answers = [(await llm.chat(QUESTION)).content for _ in range(2)]
+    finally:
+        await llm.aclose()
+
+    assert answers == ["first", "second"]
+    expected = "Basic " + base64.b64encode(b"proxy-user:proxy pw").decode()
+    assert [r.headers.get("proxy-authorization") for r in server.received] == [expected] * 2

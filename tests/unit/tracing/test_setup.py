@@ -198,3 +198,39 @@ async def test_shutdown_gives_up_on_a_collector_that_never_answers() -> None:
         tracing.tracer.start_span("unsent").end()
 
         await asyncio.wait_for(tracing.shutdown(timeout_s=0.2), timeout=5)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "x-api-key=abc;SECRETPART",  # the SDK's parser of the same variable would log it
+        'x-api-key="SECRETPART"',
+        "x-api-key=ab%0D%0ASECRETPART",  # a CR/LF, once decoded: the HTTP library would quote it
+        "x-api-key=SECRETPART\u00e9",
+    ],
+)
+def test_header_values_the_sdk_or_http_would_quote_stop_the_start_from_the_environment_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", raw)
+
+    with pytest.raises(TracingConfigError) as caught:
+        build_tracing(Settings(_env_file=None))  # type: ignore[call-arg]
+
+    assert "SECRETPART" not in str(caught.value)
+    assert "SECRETPART" not in caplog.text
+
+
+async def test_headers_from_the_environment_in_the_standard_form_reach_the_exporter_unlogged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Basic%20SECRETPART, x-team = a")
+
+    tracing = build_tracing(Settings(_env_file=None))  # type: ignore[call-arg]
+    try:
+        assert tracing.enabled
+        assert "SECRETPART" not in caplog.text
+    finally:
+        await tracing.shutdown()
