@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool
 
 from app.db.migrate import downgrade_database, upgrade_database
 from app.db.models import Base
-from app.db.repositories import EventRepo, RunRepo
+from app.db.repositories import EventRepo, RunRecord, RunRepo
 from app.db.session import Database, create_engine
 
 APP_TABLES = {
@@ -305,6 +305,17 @@ async def finished_run_at(database_url: str, revision: str) -> None:
     )
 
 
+async def the_old_run(database_url: str) -> RunRecord:
+    """``run_old`` (of ``finished_run_at``) as the repository reads it now."""
+    db = Database(database_url)
+    try:
+        run = await RunRepo(db.sessionmaker).get("alice", "run_old")
+    finally:
+        await db.dispose()
+    assert run is not None
+    return run
+
+
 async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes_cleanly(
     database_url: str,
 ) -> None:
@@ -313,12 +324,7 @@ async def test_the_run_model_revision_adds_model_and_trace_id_as_null_and_undoes
     await asyncio.to_thread(upgrade_database, database_url)
 
     assert {"model", "trace_id"} <= await inspect_database(database_url, run_columns)
-    db = Database(database_url)
-    try:
-        run = await RunRepo(db.sessionmaker).get("alice", "run_old")
-    finally:
-        await db.dispose()
-    assert run is not None
+    run = await the_old_run(database_url)
     assert (run.model, run.trace_id) == (None, None)
     assert (run.status, run.answer, run.iterations, run.usage["llm_calls"]) == ("completed", "4", 2, 3)
     assert run.finished_at == FINISHED_RUN["finished_at"]
@@ -336,12 +342,7 @@ async def test_the_trace_parent_revision_adds_a_null_column_and_undoes_cleanly(d
     await asyncio.to_thread(upgrade_database, database_url)
 
     assert "trace_parent" in await inspect_database(database_url, run_columns)
-    db = Database(database_url)
-    try:
-        run = await RunRepo(db.sessionmaker).get("alice", "run_old")
-    finally:
-        await db.dispose()
-    assert run is not None
+    run = await the_old_run(database_url)
     assert (run.trace_id, run.trace_parent, run.status, run.answer) == (None, None, "completed", "4")
 
     await asyncio.to_thread(downgrade_database, database_url, "0005")
