@@ -13,6 +13,9 @@ cleanup() {
   for what in "${STARTED[@]:-}"; do
     case "$what" in
       redis) redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true ;;
+      cluster) for port in "${CLUSTER_PORTS[@]}"; do
+                 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+               done ;;
       postgres) su postgres -s /bin/sh -c "pg_ctl -D '$STATE/pg' -m fast stop" >/dev/null 2>&1 \
                   || pg_ctl -D "$STATE/pg" -m fast stop >/dev/null 2>&1 || true ;;
     esac
@@ -47,6 +50,49 @@ else
   STARTED+=(redis)
   for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   export AGENTSTREAM_TEST_REDIS="redis://127.0.0.1:$REDIS_PORT/0"
+fi
+
+# --- Redis Cluster: three masters with a replica each, on loopback (RUNS.md S-01) ---------------
+CLUSTER_PORTS=()
+if [ -n "${AGENTSTREAM_TEST_REDIS_CLUSTER:-}" ]; then :
+else
+  command -v redis-server >/dev/null || apt_install redis-server
+  base=7301
+  while :; do  # six free ports in a row (and their cluster bus ports, 10000 above)
+    busy=0
+    for i in 0 1 2 3 4 5; do
+      if port_open $((base + i)) || port_open $((base + i + 10000)); then busy=1; fi
+    done
+    [ "$busy" = 0 ] && break
+    base=$((base + 10))
+  done
+  for i in 0 1 2 3 4 5; do
+    port=$((base + i))
+    CLUSTER_PORTS+=("$port")
+    mkdir -p "$STATE/cluster-$port"
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --cluster-enabled yes \
+      --cluster-config-file "$STATE/cluster-$port/nodes.conf" --cluster-node-timeout 2000 \
+      --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 \
+      --save "" --appendonly no --dir "$STATE/cluster-$port" --logfile "$STATE/cluster-$port/redis.log" >/dev/null
+  done
+  STARTED+=(cluster)
+  for port in "${CLUSTER_PORTS[@]}"; do
+    for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  done
+  redis-cli --cluster create $(for port in "${CLUSTER_PORTS[@]}"; do printf '127.0.0.1:%s ' "$port"; done) \
+    --cluster-replicas 1 --cluster-yes >"$STATE/cluster-create.log" 2>&1
+  cluster_whole() {  # every slot served, every replica in sync (CLUSTER SLOTS lists it only then)
+    redis-cli -p "$base" cluster info 2>/dev/null | grep -q "cluster_state:ok" || return 1
+    for port in "${CLUSTER_PORTS[@]}"; do
+      redis-cli -p "$port" info replication 2>/dev/null | tr -d '\r' | awk -F: '
+        $1 == "role" && $2 == "master" { ok = 1 }
+        $1 == "master_link_status" { up = ($2 == "up") }
+        $1 == "slave_repl_offset" { synced = ($2 > 0) }
+        END { exit !(ok || (up && synced)) }' || return 1
+    done
+  }
+  for _ in $(seq 300); do cluster_whole && break; sleep 0.1; done
+  export AGENTSTREAM_TEST_REDIS_CLUSTER="redis://127.0.0.1:$base"
 fi
 
 # --- PostgreSQL ------------------------------------------------------------------------------

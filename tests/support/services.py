@@ -1,4 +1,5 @@
-"""Where the real Redis and PostgreSQL of the tests are (scripts/test.sh sets these; loopback defaults)."""
+"""Where the real Redis, Redis Cluster and PostgreSQL of the tests are (scripts/test.sh sets these;
+loopback defaults for Redis and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import pytest
 
 REDIS_URL = os.environ.get("AGENTSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")
+REDIS_CLUSTER_URL = os.environ.get("AGENTSTREAM_TEST_REDIS_CLUSTER")
+"""A node of the Redis Cluster on loopback that scripts/test.sh starts (three masters, a replica each)."""
 POSTGRES_SERVER_URL = os.environ.get(
     "AGENTSTREAM_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432"
 ).rstrip("/")
