@@ -67,9 +67,10 @@ def tool_llm(fake_llm: FakeOpenAIServer) -> FakeOpenAIServer:
 
 
 @pytest.fixture
-def traced(service: ServiceFactory, receiver: OtlpReceiver) -> Callable[..., Service]:
+def traced(receiver: OtlpReceiver, service: ServiceFactory) -> Callable[..., Service]:
     """``traced(llm, **settings)``: the service exporting to the receiver (no ``llm``: the
-    models of ``llm_models`` only)."""
+    models of ``llm_models`` only). The receiver first: it then stops after the services, which
+    send it their last spans as they stop."""
 
     def make(llm: FakeOpenAIServer | None = None, **settings: Any) -> Service:
         return service(llm=llm, otel_exporter_otlp_endpoint=receiver.endpoint, **settings)
