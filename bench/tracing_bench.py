@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import inspect
 import json
 import os
 import select
@@ -128,12 +127,10 @@ class Subject:
         registry = ToolRegistry.of([Tool("add", str(fn["description"]), fn["parameters"], add)])
         inner = OpenAICompatibleLLM(args.url, "bench", "fake-model", ABILITIES)
         self.llm: Any = InstrumentedLLM(inner, Metrics(), "default")
-        metrics = Metrics()
         self.tracing: Any = None
-        self.spec: Any = None
-        self.span_args: dict[str, Any] = {}
+        self.models: Any = None
         if mode != "before":
-            from app.llm.models import ModelSpec
+            from app.llm.models import ModelRegistry, ModelSpec
             from app.settings import Settings
             from app.tracing import NO_TRACING, build_tracing
 
@@ -152,14 +149,9 @@ class Subject:
                 self.tracing = build_tracing(settings)
                 if not self.tracing.enabled or self.tracing.capture_content != (mode == "capture"):
                     raise SystemExit(f"{mode}: tracing not on as asked")
-            self.spec = ModelSpec(name="default", model="fake-model", base_url=args.url)
-            # ``run_span`` took the model's name as well as its spec after 4287588: pass it if asked.
-            if "model" in inspect.signature(self.tracing.run_span).parameters:
-                self.span_args["model"] = self.spec.name
-            if hasattr(self.tracing, "chat_spans"):  # the chat spans ride in InstrumentedLLM
-                self.llm = InstrumentedLLM(inner, metrics, "default", self.tracing.chat_spans(self.spec))
-            else:  # 4287588: a wrapper of their own around it
-                self.llm = self.tracing.llm(self.spec, self.llm)
+            spec = ModelSpec(name="default", model="fake-model", base_url=args.url)
+            self.llm = InstrumentedLLM(inner, Metrics(), "default", self.tracing.chat_spans(spec))
+            self.models = ModelRegistry([spec], {"default": self.llm})
             registry = self.tracing.tools(registry)
         self.agent = ReActAgent(self.llm, registry, AgentConfig(completion_check=False))
         self.expected = measure.expected_answer(args.tokens)
@@ -194,9 +186,9 @@ class Subject:
                 run_id=run_id,
                 conversation_id=conversation_id,
                 attempt=1,
-                spec=self.spec,
+                model="default",
+                models=self.models,
                 traceparent=None,
-                **self.span_args,
             )
             with span:
                 result = await self.agent.run(self.question, usage=usage, **kwargs)

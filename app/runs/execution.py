@@ -306,7 +306,7 @@ class Executor:
             conversation_id=active.conversation_id,
             attempt=active.attempt,
             model=model,
-            spec=self.models.spec(model),
+            models=self.models,
             traceparent=active.trace_parent,
         )
         tokens_before = (active.usage.prompt_tokens, active.usage.completion_tokens)

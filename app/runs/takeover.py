@@ -397,13 +397,12 @@ class Takeover:
         """Close ``run``, which this worker claimed but will not carry on, with its ``done`` (in a
         short span of its own: the run's trace says how it ended)."""
         models = self.executor.models
-        model = run.model or models.default
         span = self.executor.tracing.run_span(
             run_id=run.id,
             conversation_id=run.conversation_id,
             attempt=run.attempt,
-            model=model,
-            spec=models.spec(model) if model in models else None,
+            model=run.model or models.default,
+            models=models,
             traceparent=run.trace_parent,
         )
         with span:

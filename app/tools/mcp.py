@@ -425,6 +425,14 @@ async def connect_mcp_tools(raw_config: str | None, registry: ToolRegistry) -> M
     return toolset
 
 
+def _meta(idempotency_key: str) -> dict[str, Any] | None:
+    """A call's ``_meta``: its idempotency key, and the calling span's context (``traceparent``,
+    as the MCP semantic conventions carry it) when the service traces."""
+    meta: dict[str, Any] = {"idempotency_key": idempotency_key} if idempotency_key else {}
+    propagate.inject(meta)
+    return meta or None
+
+
 __all__ = [
     "HttpServerConfig",
     "MCPConfigError",
@@ -439,11 +447,3 @@ __all__ = [
     "result_text",
     "tool_name",
 ]
-
-
-def _meta(idempotency_key: str) -> dict[str, Any] | None:
-    """A call's ``_meta``: its idempotency key, and the calling span's context (``traceparent``,
-    as the MCP semantic conventions carry it) when the service traces."""
-    meta: dict[str, Any] = {"idempotency_key": idempotency_key} if idempotency_key else {}
-    propagate.inject(meta)
-    return meta or None

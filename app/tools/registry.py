@@ -37,7 +37,7 @@ class ToolResult:
     artifact: Artifact | None = None
     error_type: str | None = None
     """What kind of failure ``error`` is, in a word (``timeout``, ``invalid_arguments``,
-    ``not_found``, or the exception's class name), for traces and metrics."""
+    ``not_found``, or the exception's class name), for traces."""
 
     @property
     def ok(self) -> bool:
@@ -156,7 +156,7 @@ class ToolRegistry:
         self, name: str, args: Mapping[str, Any], *, invocation: ToolInvocation | None = None
     ) -> ToolResult:
         if self._observer is None:
-            return _encodable(await self._execute(name, args, invocation))
+            return await self._execute_clean(name, args, invocation)
         return await self._observer(
             self._tools.get(name), name, args, invocation, lambda: self._execute_clean(name, args, invocation)
         )

@@ -132,7 +132,9 @@ def input_attributes(
     return out
 
 
-def output_attributes(content: str | None, calls: Sequence[Any], finish_reason: str | None) -> dict[str, Any]:
+def output_attributes(
+    content: str | None, calls: Sequence[ToolCall], finish_reason: str | None
+) -> dict[str, Any]:
     message = message_parts(ChatMessage("assistant", content, tool_calls=tuple(calls)))
     message["finish_reason"] = finish_reason or "stop"
     return {OUTPUT_MESSAGES: _json([message])}
@@ -146,9 +148,14 @@ def error_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def failed(span: trace.Span, kind: str, message: str) -> None:
+    """``span`` ended in an error of ``kind`` (``error.type``), ``message`` its status's description."""
+    span.set_attribute(ERROR_TYPE, kind)
+    span.set_status(Status(StatusCode.ERROR, message[:500]))
+
+
 def fail(span: trace.Span, exc: BaseException) -> None:
-    span.set_attribute(ERROR_TYPE, error_type(exc))
-    span.set_status(Status(StatusCode.ERROR, str(exc)[:500]))
+    failed(span, error_type(exc), str(exc))
 
 
 class ChatSpans:
@@ -199,16 +206,19 @@ class ChatSpans:
     ) -> None:
         """The reply's usage, model, id and finish reason (and, captured, its ``content`` and
         tool ``calls``) on ``span``; ending it is the caller's."""
-        span.set_attribute(INPUT_TOKENS, reply.usage.prompt_tokens)
-        span.set_attribute(OUTPUT_TOKENS, reply.usage.completion_tokens)
+        attributes: dict[str, Any] = {
+            INPUT_TOKENS: reply.usage.prompt_tokens,
+            OUTPUT_TOKENS: reply.usage.completion_tokens,
+        }
         if reply.finish_reason:
-            span.set_attribute(FINISH_REASONS, [reply.finish_reason])
+            attributes[FINISH_REASONS] = [reply.finish_reason]
         if reply.response_model:
-            span.set_attribute(RESPONSE_MODEL, reply.response_model)
+            attributes[RESPONSE_MODEL] = reply.response_model
         if reply.response_id:
-            span.set_attribute(RESPONSE_ID, reply.response_id)
+            attributes[RESPONSE_ID] = reply.response_id
         if self.capture:
-            span.set_attributes(output_attributes(content, calls, reply.finish_reason))
+            attributes.update(output_attributes(content, calls, reply.finish_reason))
+        span.set_attributes(attributes)
 
     @staticmethod
     def first_chunk(span: trace.Span, seconds: float) -> None:
@@ -243,8 +253,7 @@ def tool_observer(tracer: Tracer, capture_content: bool) -> ToolObserver:
         try:
             result = await run()
             if result.error is not None:
-                span.set_attribute(ERROR_TYPE, result.error_type or "tool_error")
-                span.set_status(Status(StatusCode.ERROR, result.error[:500]))
+                failed(span, result.error_type or "tool_error", result.error)
             elif capture_content:
                 span.set_attribute(TOOL_RESULT, result.content)
         finally:
@@ -303,8 +312,7 @@ class RunSpan:
         span.set_attribute(INPUT_TOKENS, input_tokens)
         span.set_attribute(OUTPUT_TOKENS, output_tokens)
         if status == "failed":
-            span.set_attribute(ERROR_TYPE, "run_failed")
-            span.set_status(Status(StatusCode.ERROR, (error or "the run failed")[:500]))
+            failed(span, "run_failed", error or "the run failed")
 
 
 class NoRunSpan:

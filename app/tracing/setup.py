@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 from opentelemetry import trace
 
 from app import __version__
-from app.llm.models import ModelSpec
+from app.llm.models import ModelRegistry, ModelSpec
 from app.llm.providers import profile_for
 from app.settings import Settings
 from app.tools.registry import ToolRegistry
@@ -85,13 +85,14 @@ class Tracing:
         conversation_id: str,
         attempt: int,
         model: str,
-        spec: ModelSpec | None,
+        models: ModelRegistry,
         traceparent: str | None,
     ) -> RunSpan | NoRunSpan:
-        """The ``invoke_agent`` span of an attempt of a run on ``model`` (``spec`` None: a model no
-        longer configured), a child of the request that started the run."""
+        """The ``invoke_agent`` span of an attempt of a run on ``model`` (one of ``models``, or a
+        model no longer configured), a child of the request that started the run."""
         if self.tracer is None:
             return NO_RUN_SPAN
+        spec = models.spec(model) if model in models else None
         attributes: dict[str, Any] = {
             OPERATION: "invoke_agent",
             PROVIDER: _provider(spec) if spec is not None else "unknown",

@@ -23,7 +23,7 @@ from app.llm.base import (
     TokenUsage,
     ToolCall,
 )
-from app.llm.models import ModelSpec
+from app.llm.models import ModelRegistry, ModelSpec
 from app.observability import Metrics
 from app.runs.instrumented import InstrumentedLLM
 from app.tools.registry import Tool, ToolInvocation, ToolRegistry
@@ -38,6 +38,7 @@ MESSAGES = [
     ChatMessage("tool", "42", tool_call_id="call_1", name="calculator"),
 ]
 SPEC = ModelSpec(name="cheap", model="gpt-x", base_url="https://api.openai.com/v1", api_key="sk-never-seen")
+MODELS = ModelRegistry([SPEC], {})
 
 
 @pytest.fixture
@@ -249,7 +250,7 @@ async def test_a_tool_span_names_the_call_and_an_error_result_is_an_error(
 
 def test_run_span_tokens_and_a_failed_run(exported: InMemorySpanExporter) -> None:
     span = tracing(exported).run_span(
-        run_id="run_1", conversation_id="c", attempt=2, model="cheap", spec=SPEC, traceparent=None
+        run_id="run_1", conversation_id="c", attempt=2, model="cheap", models=MODELS, traceparent=None
     )
     with span:
         span.event("agentstream.fallback", {"from_model": "cheap", "to_model": "strong"})

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from app.llm.models import ModelSpec
+from app.llm.models import ModelRegistry, ModelSpec
 from app.settings import Settings
 from app.tools.registry import ToolRegistry
 from app.tracing import NO_TRACING, Tracing, TracingConfigError, build_tracing, tracing_on
@@ -23,6 +23,7 @@ def settings(**values: Any) -> Settings:
 
 
 SPEC = ModelSpec(name="default", model="m", base_url="http://127.0.0.1:9/v1")
+MODELS = ModelRegistry([SPEC], {})
 
 
 def test_without_an_endpoint_tracing_is_off_and_wraps_nothing() -> None:
@@ -34,7 +35,7 @@ def test_without_an_endpoint_tracing_is_off_and_wraps_nothing() -> None:
     assert tracing.tools(registry) is registry
     assert (
         tracing.run_span(
-            run_id="r", conversation_id="c", attempt=1, model="default", spec=SPEC, traceparent=None
+            run_id="r", conversation_id="c", attempt=1, model="default", models=MODELS, traceparent=None
         )
         is NO_RUN_SPAN
     )
