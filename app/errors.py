@@ -55,6 +55,14 @@ class FollowUpQueueFullError(ServiceError):
     headers = (("Retry-After", "1"),)
 
 
+class QueueFullConflict(ServiceError):
+    """``MAX_QUEUED_RUNS`` runs wait already (RUNS.md Q-02); nothing was stored."""
+
+    code = "queue_full"
+    status = 429
+    headers = (("Retry-After", "5"),)
+
+
 class ApprovalClosedConflict(ServiceError):
     """The approval was decided already, expired, or closed with its run (RUNS.md A-03)."""
 

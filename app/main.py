@@ -29,6 +29,7 @@ from app.db.repositories import ConversationRepo, EventRepo, RunRepo
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
 from app.db.repositories.notes import NoteRepo
+from app.db.repositories.queue import RunQueue
 from app.db.session import Database
 from app.engine.hooks import AuditHook, AuditRecord, HookRegistry, ToolRateLimit
 from app.llm.factory import build_models
@@ -144,6 +145,7 @@ async def build_services(settings: Settings) -> Services:
         worker_id=new_worker_id(),
         hooks=hooks,
         leases=RunRepo(db.lease_sessionmaker),
+        queue=RunQueue(db.sessionmaker),
         released_signal=released_signal,
         tracing=tracing,
     )

@@ -177,6 +177,27 @@ class Metrics:
             "Approvals this process expired because nobody decided in time (A-04)",
             registry=r,
         )
+        self.runs_queued = Counter(
+            "agentstream_runs_queued_total",
+            "Runs started through this process that queued for room (RUNS.md Q-01)",
+            registry=r,
+        )
+        self.runs_refused = Counter(
+            "agentstream_runs_refused_total",
+            "Runs refused through this process because the queue was full (429 queue_full, Q-02)",
+            registry=r,
+        )
+        self.run_room = Gauge(
+            "agentstream_run_room",
+            "Runs this process may still start or take over now (MAX_ACTIVE_RUNS less what it runs)",
+            registry=r,
+        )
+        self.run_capacity = Gauge("agentstream_run_capacity", "MAX_ACTIVE_RUNS of this process", registry=r)
+        self.queued_runs = Gauge(
+            "agentstream_queued_runs",
+            "Runs waiting in the queue, across the service (read from the database)",
+            registry=r,
+        )
         self.approvals_pending = Gauge(
             "agentstream_approvals_pending",
             "Approvals waiting for a decision, across the service (read from the database)",

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     """Tools whose calls wait for a person (RUNS.md A-01): comma-separated names, or ``*``."""
     approval_timeout_s: float = Field(default=86400.0, gt=0, le=366 * 86400)
     """A pending approval expires after this long (A-04)."""
+    max_active_runs: int = Field(default=200, ge=1)
+    """Runs one worker executes at once; beyond that they queue (RUNS.md Q-01)."""
+    max_active_runs_per_owner: int | None = Field(default=None, ge=1)
+    """Running runs one owner may hold across all workers (unset: unlimited; Q-01)."""
+    max_queued_runs: int = Field(default=10000, ge=0)
+    """Runs that may wait in the queue across the service; beyond that a start is 429 (Q-02)."""
 
     # tracing (OpenTelemetry over OTLP/HTTP; off without an endpoint). The SDK reads the other
     # standard OTEL_* variables (sampler, resource attributes, batch, timeout, certificates) itself.
@@ -103,6 +109,14 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("max_active_runs_per_owner", mode="before")
+    @classmethod
+    def _unlimited(cls, v: object) -> object:
+        """Unset, empty or ``unlimited``: no cap."""
+        if isinstance(v, str) and v.strip().lower() in ("", "unlimited", "none"):
+            return None
+        return v
 
     @field_validator("llm_provider")
     @classmethod

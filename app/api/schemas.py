@@ -158,7 +158,10 @@ _ERROR_DESCRIPTIONS = {
     409: "`run_active` (a run is already active) or `no_active_run`",
     413: "`too_large`: the body is over 1,000,000 bytes",
     422: "`invalid_request`: a field or parameter is invalid; the message says which",
-    429: "`too_many_follow_ups`: 100 follow-ups already wait for the active run; retry after `Retry-After`",
+    429: (
+        "`too_many_follow_ups` (100 follow-ups already wait for the active run) or `queue_full` "
+        "(MAX_QUEUED_RUNS runs wait; nothing was stored); retry after `Retry-After`"
+    ),
     503: "`shutting_down`: this worker takes no new runs; retry (another worker will)",
 }
 
@@ -168,10 +171,22 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
 
 
+class CapacityOut(BaseModel):
+    """This worker's room and the service's queue (RUNS.md Q-01, Q-02)."""
+
+    max_active_runs: int
+    active_runs: int
+    room: int
+    queued: int | None
+    """Runs waiting across the service (null when the database cannot say)."""
+    max_queued_runs: int
+
+
 class ReadyOut(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, str]
     down: list[str] | None = None
+    capacity: CapacityOut | None = None
 
 
 class ToolInfo(BaseModel):
@@ -212,7 +227,7 @@ class ConversationPage(BaseModel):
 class RunStarted(BaseModel):
     run_id: str
     conversation_id: str
-    status: Literal["running"]
+    status: Literal["running", "queued"]
     stream_url: str
 
 

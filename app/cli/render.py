@@ -78,6 +78,8 @@ class HumanRenderer:
                 self._answer(data)
             case "phase" if data.get("phase") == "resumed":
                 self._resumed(data)
+            case "phase" if data.get("phase") == "queued":
+                self._line(f"· queued (position {data.get('position', '?')}): starts when a worker has room")
             case "phase" if data.get("phase") == "fallback":
                 self._line(
                     f"· model {data.get('from_model', '?')} unavailable: falling back to "

@@ -53,3 +53,11 @@ class FollowUpLimitError(PersistenceError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"{limit} follow-ups are already waiting")
         self.limit = limit
+
+
+class QueueFullError(PersistenceError):
+    """``MAX_QUEUED_RUNS`` runs already wait (RUNS.md Q-02); nothing was stored."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the run queue is full ({limit} runs wait); retry later")
+        self.limit = limit

@@ -160,6 +160,9 @@ class Run(Base):
             sqlite_where=ACTIVE_PREDICATE,
             postgresql_where=ACTIVE_PREDICATE,
         ),
+        # The run queue in order (RUNS.md Q-01), and an owner's running runs (its cap).
+        Index("ix_runs_status_created_at", "status", "created_at"),
+        Index("ix_runs_owner_status", "owner", "status"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -186,6 +186,18 @@ class RunResumed:
 
 
 @dataclass(frozen=True, slots=True)
+class RunQueued:
+    """The run waits for room on some worker (RUNS.md Q-01): ``position`` 1 is the next to start."""
+
+    position: int
+    kind: Literal["queued"] = "queued"
+    channel: ClassVar[Channel] = "phase"
+
+    def data(self) -> dict[str, Any]:
+        return {"phase": "queued", "position": self.position}
+
+
+@dataclass(frozen=True, slots=True)
 class FellBack:
     """A call of the run went to its model's fallback: the model stayed unavailable after its
     retries (API.md, ``phase`` ``fallback``). Names are LLM_MODELS' names."""
@@ -299,6 +311,7 @@ EngineEvent = (
     | PhaseChanged
     | FellBack
     | RunResumed
+    | RunQueued
     | Injected
     | ApprovalRequested
     | ApprovalDecided

@@ -214,8 +214,11 @@ class Executor:
         cancel_local: Callable[[ActiveRun, CancelReason], None],
         approvals: ApprovalDesk,
         tracing: Tracing = NO_TRACING,
+        on_room: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
+        self.on_room = on_room
+        """Told when an attempt ends here: a place is free for a queued run (RUNS.md Q-01)."""
         self.tracing = tracing
         self.approvals = approvals
         self.hold = HoldClock()
@@ -474,6 +477,7 @@ class Executor:
                 await publisher.close()
             self.active.pop(active.run_id, None)
             self.metrics.active_runs.dec()
+            self.on_room()
         return outcome, error
 
     async def _hand_over(self, active: ActiveRun, publisher: RunPublisher) -> None:

@@ -21,22 +21,32 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.db.errors import RunActiveError
+from app.db.errors import QueueFullError, RunActiveError
 from app.db.models import ACTIVE_STATUSES
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
+from app.db.repositories.queue import Admission, RunQueue
+from app.engine.events import RunQueued
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueueFullError
-from app.errors import FollowUpQueueFullError, NoActiveRunError, RunActiveConflict, ShuttingDownError
+from app.errors import (
+    FollowUpQueueFullError,
+    NoActiveRunError,
+    QueueFullConflict,
+    RunActiveConflict,
+    ShuttingDownError,
+)
 from app.llm.base import ChatMessage
 from app.llm.models import ModelRegistry
 from app.observability import Metrics
 from app.runs.approvals import ApprovalDesk
+from app.runs.capacity import Room
 from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues
 from app.runs.takeover import Takeover
 from app.settings import Settings
-from app.streaming.bus import EventBus, later_cursor
+from app.streaming.bus import EventBus, StoredEvent, later_cursor
+from app.streaming.publisher import stamp_after
 from app.streaming.redis_signals import MemoryCancelSignal
 from app.tools.registry import ToolRegistry
 from app.tracing import NO_TRACING, Tracing
@@ -66,6 +76,7 @@ class RunManager:
         hooks: Callable[[], HookRegistry],
         approvals: ApprovalRepo,
         leases: RunRepo | None = None,
+        queue: RunQueue | None = None,
         released_signal: Any = None,
         tracing: Tracing = NO_TRACING,
     ) -> None:
@@ -77,11 +88,14 @@ class RunManager:
         self.interrupt_queue = interrupts
         self.follow_ups = follow_ups
         self.cancel_signal = cancel_signal
-        # Announces runs a stopping worker released, so that another takes them at once (R-08).
+        # Announces runs a stopping worker released, so that another takes them at once (R-08),
+        # and runs that queued, so that a worker with room takes them at once (Q-01).
         self.released_signal = released_signal if released_signal is not None else MemoryCancelSignal()
         self.metrics = metrics
         self.worker_id = worker_id
         self._active: dict[str, ActiveRun] = {}
+        self.room = Room(settings.max_active_runs, self._active)
+        self.queue = queue
         self._background: list[asyncio.Task[None]] = []
         self._claims: asyncio.Task[None] | None = None
         self._accepting = True
@@ -101,6 +115,7 @@ class RunManager:
             cancel_local=self._cancel_local,
             approvals=ApprovalDesk(approvals, metrics),
             tracing=tracing,
+            on_room=lambda: self.takeover.room_freed(),
         )
         self.takeover = Takeover(
             settings=settings,
@@ -117,13 +132,15 @@ class RunManager:
             active=self._active,
             accepting=lambda: self._accepting,
             cancel_local=self._cancel_local,
+            room=self.room,
+            queue=queue,
         )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.cancel_signal.listen(self._on_cancel_requested)
-        await self.released_signal.listen(lambda _run_id: self.takeover.wake())
+        await self.released_signal.listen(lambda _run_id: self.takeover.announced())
         self._claims = asyncio.create_task(self.takeover.claim_loop(), name="run-claims")
         self._background.append(asyncio.create_task(self.takeover.heartbeat_loop(), name="run-heartbeat"))
         self._background.append(self._claims)
@@ -195,6 +212,8 @@ class RunManager:
         self, conversation: ConversationRecord, message: str, *, prior: Sequence[ChatMessage] = ()
     ) -> RunRecord:
         """Start a run on ``message`` in the background; the conversation's messages are its history.
+        If this worker is full, its owner at its cap, or runs queue already, the run queues instead
+        (status ``queued``) for whichever worker has room first (RUNS.md Q-01).
 
         ``prior`` are earlier turns that came with the question (the OpenAI-compatible route sends
         a whole chat): they are stored in the conversation before it, so they are this run's history.
@@ -207,35 +226,69 @@ class RunManager:
             bus_last = await self.bus.last_id(conv_id)
         # Read before the start, which takes what waits then: a later follow-up moves the hint.
         seen = await self.interrupt_queue(conv_id).version()
-        try:
-            # One transaction: the run, the earlier turns, the history they make, the question;
-            # the start cursor is settled there too, after the previous run's stored done.
-            run, history = await self.runs.start(
-                conv_id,
-                conversation.owner,
+        queued: list[StoredEvent] = []
+
+        def queued_event(run_id: str, after: str, position: int) -> StoredEvent:
+            queued[:] = [stamp_after(RunQueued(position), run_id, after)]
+            return queued[0]
+
+        settings = self.settings
+        with self.room.reserve() as room:
+            try:
+                # One transaction: the run, the earlier turns, the history they make, the question;
+                # the start cursor is settled there too, after the previous run's stored done. And
+                # whether it runs here and now or queues (Q-01), with its queued phase.
+                run, history = await self.runs.start(
+                    conv_id,
+                    conversation.owner,
+                    message,
+                    worker_id=self.worker_id,
+                    lease_s=settings.run_lease_s,
+                    start_cursor=later_cursor(bus_last, None),
+                    prior=prior,
+                    model=self.executor.models.resolve((conversation.agent_config or {}).get("model")),
+                    # The request's span: each attempt's span is its child, on whichever worker.
+                    trace_parent=self.executor.tracing.traceparent(),
+                    admission=Admission(room, settings.max_active_runs_per_owner, settings.max_queued_runs)
+                    if self.queue is not None
+                    else None,
+                    queued_event=queued_event,
+                )
+            except RunActiveError as exc:
+                raise RunActiveConflict("a run is already active in this conversation") from exc
+            except QueueFullError as exc:
+                self.metrics.runs_refused.inc()
+                raise QueueFullConflict(str(exc)) from exc
+            if run.status == "queued":
+                await self._announce_queued(run, queued[0])
+                return run
+            # What the queue held (accepted after the previous run took its last follow-ups, in the
+            # moment before its close) is in this run's history now (RunRepo.start).
+            self.metrics.runs_started.inc()
+            self.executor.launch(
+                ActiveRun(run.id, conv_id, model=run.model, trace_parent=run.trace_parent),
+                conversation,
                 message,
-                worker_id=self.worker_id,
-                lease_s=self.settings.run_lease_s,
-                start_cursor=later_cursor(bus_last, None),
-                prior=prior,
-                model=self.executor.models.resolve((conversation.agent_config or {}).get("model")),
-                # The request's span: each attempt's span is its child, on whichever worker.
-                trace_parent=self.executor.tracing.traceparent(),
+                history,
+                run.start_cursor,
+                seen=seen,
             )
-        except RunActiveError as exc:
-            raise RunActiveConflict("a run is already active in this conversation") from exc
-        # What the queue held (accepted after the previous run took its last follow-ups, in the
-        # moment before its close) is in this run's history now (RunRepo.start).
-        self.metrics.runs_started.inc()
-        self.executor.launch(
-            ActiveRun(run.id, conv_id, model=run.model, trace_parent=run.trace_parent),
-            conversation,
-            message,
-            history,
-            run.start_cursor,
-            seen=seen,
-        )
         return run
+
+    async def _announce_queued(self, run: RunRecord, event: StoredEvent) -> None:
+        """A run that queued: its ``queued`` phase (stored with it) to its followers, and word to
+        every worker, so that one with room takes it at once (Q-01)."""
+        self.metrics.runs_queued.inc()
+        log.info("run queued", extra={"run_id": run.id, "conversation_id": run.conversation_id})
+        try:
+            await self.bus.append(run.conversation_id, [event])
+        except Exception as exc:
+            # Stored already: a follower reads it from the database (the next event names it).
+            log.warning("could not publish the queued phase", extra={"error": repr(exc)})
+        try:
+            await self.released_signal.request(run.id)
+        except Exception as exc:  # the claim loops find it on their next pass
+            log.warning("could not announce the queued run", extra={"error": repr(exc)})
 
     async def start_in_new_conversation(
         self,

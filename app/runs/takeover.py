@@ -25,11 +25,13 @@ import orjson
 from app.db.errors import database_unreachable
 from app.db.models import utcnow
 from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.queue import RunQueue
 from app.db.repositories.rows import follow_up_messages
 from app.db.repositories.runs import CheckpointRow
 from app.engine.events import RunDone
 from app.engine.state import RunCheckpoint
 from app.observability import Metrics
+from app.runs.capacity import Room
 from app.runs.closing import (
     close_row,
     close_with_done,
@@ -130,6 +132,8 @@ class Takeover:
         active: dict[str, ActiveRun],
         accepting: Callable[[], bool],
         cancel_local: Callable[[ActiveRun, CancelReason], None],
+        room: Room | None = None,
+        queue: RunQueue | None = None,
     ) -> None:
         self.settings = settings
         self.conversations = conversations
@@ -144,6 +148,11 @@ class Takeover:
         self.active = active
         self.accepting = accepting
         self.cancel_local = cancel_local
+        self.room = room if room is not None else Room(settings.max_active_runs, active)
+        self.queue = queue
+        self._waiting_work = True
+        """Runs may wait for room (queued, or released while this worker was full): a place that
+        frees here is a reason to look (at start: the queue may hold runs already)."""
         self._wake = asyncio.Event()
         self._local_prefix = f"{local_host()}:"
         self._taking: dict[str, int] = {}
@@ -153,6 +162,18 @@ class Takeover:
     def wake(self) -> None:
         """Look for runs to take over now (a worker released one)."""
         self._wake.set()
+
+    def announced(self) -> None:
+        """A worker released a run, or a run queued: look now if there is room here; otherwise
+        when a place frees (no pass of a full worker for each queued run of a burst)."""
+        self._waiting_work = True
+        if self.room.free() > 0:
+            self._wake.set()
+
+    def room_freed(self) -> None:
+        """An attempt ended here: if runs may wait for room, look now."""
+        if self._waiting_work:
+            self._wake.set()
 
     # ---- this worker's leases ----------------------------------------------------------------
 
@@ -251,18 +272,90 @@ class Takeover:
                 break
             if run.id in self.active:
                 continue
-            try:
-                if await self.take_over(run):
-                    taken += 1
-            except Exception as exc:
-                # One run that cannot be taken over (an outage, a bug) must not keep the others
-                # from being taken: on to the next.
-                log.warning(
-                    "could not take over a run",
-                    exc_info=not database_unreachable(exc),
-                    extra={"run_id": run.id, "error": repr(exc)},
-                )
-        return taken
+            with self.room.reserve() as room:
+                if not room and not run.cancel_requested:
+                    # Full: another worker with room takes it, or this one once a place frees
+                    # (a cancelled run is only closed, which takes no room).
+                    self._waiting_work = True
+                    continue
+                try:
+                    if await self.take_over(run):
+                        taken += 1
+                except Exception as exc:
+                    # One run that cannot be taken over (an outage, a bug) must not keep the
+                    # others from being taken: on to the next.
+                    log.warning(
+                        "could not take over a run",
+                        exc_info=not database_unreachable(exc),
+                        extra={"run_id": run.id, "error": repr(exc)},
+                    )
+        return taken + await self.start_queued()
+
+    async def start_queued(self) -> int:
+        """Start queued runs, oldest first, while this worker has room (RUNS.md Q-01); how many.
+        Runs of owners at their cap wait, without holding up the others'."""
+        if self.queue is None:
+            return 0
+        per_owner = self.settings.max_active_runs_per_owner
+        started = 0
+        while self.accepting() and (free := self.room.free()) > 0:
+            candidates = await self.queue.next(free, per_owner=per_owner)
+            # More may wait than this pass could take: look again when a place frees.
+            self._waiting_work = len(candidates) >= free
+            taken_here = 0
+            for run in candidates:
+                with self.room.reserve() as room:
+                    if not room or not self.accepting():
+                        self._waiting_work = True
+                        return started
+                    claimed = await self.queue.take(
+                        run, self.worker_id, self.settings.run_lease_s, per_owner=per_owner
+                    )
+                    if claimed is None:
+                        continue  # another worker took it, it was cancelled, or its owner is full now
+                    taken_here += 1
+                    try:
+                        await self._start(claimed)
+                    except BaseException:
+                        # Let it go at once for the next pass of any worker (as a released run).
+                        with contextlib.suppress(Exception):
+                            await self.runs.release(claimed.id, claimed.attempt, self.worker_id)
+                        raise
+            started += taken_here
+            if not taken_here:
+                return started  # nothing left, or every one went to other workers
+        return started
+
+    async def _start(self, run: RunRecord) -> None:
+        """The first attempt of ``run``, taken from the queue: it starts as any run starts (its
+        question and history were stored when it queued), with no ``resumed`` phase."""
+        conversation = await self.conversations.get(run.owner, run.conversation_id)
+        if conversation is None:
+            return  # deleted meanwhile, and the run with it
+        if run.model is not None and run.model not in self.executor.models:
+            error = f"the run's model {run.model!r} is no longer configured (LLM_MODELS)"
+            await self.close_unheld(run, RunCheckpoint(), "failed", error)
+            return
+        history = await self.runs.history_before(run)
+        self.metrics.runs_started.inc()
+        log.info(
+            "took a queued run",
+            extra={"run_id": run.id, "conversation_id": run.conversation_id, "worker": self.worker_id},
+        )
+        self.executor.launch(
+            ActiveRun(
+                run.id,
+                run.conversation_id,
+                attempt=run.attempt,
+                started=time.monotonic() - max(0.0, time.time() - run.created_at.timestamp()),
+                model=run.model,
+                trace_parent=run.trace_parent,
+            ),
+            conversation,
+            run.message,
+            history,
+            await self.last_cursor(run.conversation_id),
+        )
 
     async def take_over(self, run: RunRecord, now: datetime | None = None) -> bool:
         """Claim ``run`` (as read) if no live worker holds it, then carry it on from its last

@@ -54,6 +54,23 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def encode_event(event: EngineEvent, run_id: str) -> str:
+    """An event's ``data`` as it is sent and stored: its payload with its run's id."""
+    data = event.data()
+    data["run_id"] = run_id
+    # A tool may hand back arguments JSON cannot hold (sets, objects): show them as text rather
+    # than fail the run.
+    return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def stamp_after(event: EngineEvent, run_id: str, after: str) -> StoredEvent:
+    """``event`` of run ``run_id`` as the next event of its conversation after cursor ``after``,
+    for an event published outside any attempt (a run's ``queued`` phase)."""
+    return StoredEvent(
+        next_cursor(after, wall_clock_ms()), event.channel, encode_event(event, run_id), run_id, after
+    )
+
+
 class _PendingDelta:
     """Answer deltas merged while waiting for the sender; encoded when the sender takes them.
 
@@ -330,11 +347,7 @@ class RunPublisher:
         return self._last_id, prev
 
     def _encode(self, event: EngineEvent) -> str:
-        data = event.data()
-        data["run_id"] = self.run_id
-        # A tool may hand back arguments JSON cannot hold (sets, objects): show them as text
-        # rather than fail the run.
-        return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        return encode_event(event, self.run_id)
 
     def _queue(self, item: StoredEvent | _PendingDelta) -> None:
         if not self._pending:

@@ -192,6 +192,9 @@ export class RunView {
     if (data.phase === "fallback") {
       return `Model ${data.from_model ?? "?"} unavailable: falling back to ${data.to_model ?? "?"}`;
     }
+    if (data.phase === "queued") {
+      return `Queued (position ${data.position ?? "?"}): starts when a worker has room`;
+    }
     const name = String(data.phase ?? "phase").replace(/_/g, " ");
     return name.charAt(0).toUpperCase() + name.slice(1);
   }

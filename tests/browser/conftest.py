@@ -53,17 +53,21 @@ def browser(playwright_driver: Playwright) -> Iterator[Browser]:
     browser.close()
 
 
-@pytest.fixture(scope="package")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("browser-service")
-    env = {
+def demo_service(tmp: Path, **env: str) -> ServerProcess:
+    """A started service on a SQLite file in ``tmp``, the demo model and ``API_KEY``; ``env`` on top."""
+    defaults = {
         "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'agentstream.db'}",
         "LLM_BASE_URL": "",
         "REDIS_URL": "",
         "API_KEYS": f"alice:{API_KEY}",
         "DEMO_DELAY_S": DEMO_DELAY_S,
     }
-    server = ServerProcess(env).start(tmp / "service.log")
+    return ServerProcess({**defaults, **env}).start(tmp / "service.log")
+
+
+@pytest.fixture(scope="package")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = demo_service(tmp_path_factory.mktemp("browser-service"))
     yield server
     server.stop()
 

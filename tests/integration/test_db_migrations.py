@@ -348,3 +348,34 @@ async def test_the_trace_parent_revision_adds_a_null_column_and_undoes_cleanly(d
     await asyncio.to_thread(downgrade_database, database_url, "0005")
     assert "trace_parent" not in await inspect_database(database_url, run_columns)
     assert await scalar(database_url, "SELECT answer FROM runs WHERE id = 'run_old'") == "4"
+
+
+async def test_the_run_queue_revision_indexes_the_queue_and_its_downgrade_hands_queued_runs_on(
+    database_url: str,
+) -> None:
+    await finished_run_at(database_url, "0006")
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    def run_indexes(conn: Connection) -> set[str]:
+        return {index["name"] for index in inspect(conn).get_indexes("runs")}
+
+    assert {"ix_runs_status_created_at", "ix_runs_owner_status"} <= await inspect_database(
+        database_url, run_indexes
+    )
+    await execute(
+        database_url,
+        "UPDATE runs SET status = 'queued', finished_at = NULL, worker_id = NULL WHERE id = 'run_old'",
+    )
+
+    # 0006 starts no queued run, but carries on a running run no worker holds: nothing is lost.
+    await asyncio.to_thread(downgrade_database, database_url, "0006")
+    assert (
+        await inspect_database(database_url, run_indexes)
+        & {
+            "ix_runs_status_created_at",
+            "ix_runs_owner_status",
+        }
+        == set()
+    )
+    assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_old'") == "running"
+    assert await scalar(database_url, "SELECT worker_id FROM runs WHERE id = 'run_old'") is None

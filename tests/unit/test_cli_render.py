@@ -433,3 +433,9 @@ def test_json_renderer_passes_the_resumed_phase_through_with_its_cursor() -> Non
         (e.id, e.event, e.data) for e in RESUMED_MID_ANSWER
     ]
     assert err.getvalue() == ""
+
+
+def test_a_queued_run_says_its_place() -> None:
+    out = render([ev("phase", phase="queued", position=3)])
+
+    assert out == "· queued (position 3): starts when a worker has room\n"

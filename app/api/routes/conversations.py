@@ -153,7 +153,7 @@ async def delete_conversation(conversation_id: IdPath, services: ServicesDep, ow
     "/api/conversations/{conversation_id}/runs",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=RunStarted,
-    responses=error_responses(400, 401, 404, 409, 413, 422, 503),
+    responses=error_responses(400, 401, 404, 409, 413, 422, 429, 503),
 )
 async def start_run(
     conversation_id: IdPath, body: RunCreate, services: ServicesDep, owner: OwnerDep
@@ -161,7 +161,10 @@ async def start_run(
     conv = await owned_conversation(services, owner, conversation_id)
     run = await services.manager.start_run(conv, body.message)
     return RunStarted(
-        run_id=run.id, conversation_id=conv.id, status="running", stream_url=stream_url(conv.id)
+        run_id=run.id,
+        conversation_id=conv.id,
+        status="queued" if run.status == "queued" else "running",
+        stream_url=stream_url(conv.id),
     )
 
 

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import ServicesDep
 from app.api.schemas import ReadyOut
+from app.container import Services
 
 router = APIRouter(tags=["health"])
 
@@ -33,17 +34,42 @@ async def _check(probe: object) -> bool:
     responses={503: {"model": ReadyOut, "description": "a dependency is down, or the worker is stopping"}},
 )
 async def readyz(services: ServicesDep) -> JSONResponse:
-    db_ok, bus_ok = await asyncio.gather(_check(services.db.ping()), _check(services.bus.ping()))
+    db_ok, bus_ok, queued = await asyncio.gather(
+        _check(services.db.ping()), _check(services.bus.ping()), _queue_length(services)
+    )
     checks = {"database": "ok" if db_ok else "down", "event_bus": "ok" if bus_ok else "down"}
     if not services.manager.accepting:
         checks["worker"] = "shutting_down"
     down = [name for name, state in checks.items() if state != "ok"]
+    # A full worker is ready: what it cannot start queues for any worker with room.
+    capacity = _capacity(services, queued)
     if down:
         return JSONResponse(
-            {"status": "unavailable", "down": down, "checks": checks},
+            {"status": "unavailable", "down": down, "checks": checks, "capacity": capacity},
             status_code=503,
         )
-    return JSONResponse({"status": "ok", "checks": checks})
+    return JSONResponse({"status": "ok", "checks": checks, "capacity": capacity})
+
+
+async def _queue_length(services: Services) -> int | None:
+    queue = services.manager.queue
+    if queue is None:
+        return None
+    try:
+        return await asyncio.wait_for(queue.length(), timeout=2.0)
+    except Exception:
+        return None
+
+
+def _capacity(services: Services, queued: int | None) -> dict[str, int | None]:
+    manager, settings = services.manager, services.settings
+    return {
+        "max_active_runs": settings.max_active_runs,
+        "active_runs": manager.active_count,
+        "room": manager.room.free(),
+        "queued": queued,
+        "max_queued_runs": settings.max_queued_runs,
+    }
 
 
 @router.get(
@@ -55,4 +81,9 @@ async def metrics(services: ServicesDep) -> Response:
     # Read at scrape time: pending approvals live in the database, across every worker.
     with contextlib.suppress(Exception):
         services.metrics.approvals_pending.set(await services.approvals.count_pending())
+    queued = await _queue_length(services)
+    if queued is not None:
+        services.metrics.queued_runs.set(queued)
+    services.metrics.run_room.set(services.manager.room.free())
+    services.metrics.run_capacity.set(services.settings.max_active_runs)
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

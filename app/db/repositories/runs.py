@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
@@ -23,6 +23,7 @@ from app.db.models import (
     ToolEffect,
     utcnow,
 )
+from app.db.repositories.queue import Admission, admit, check_bound
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     _TOUCH_CONVERSATION,
@@ -85,6 +86,9 @@ class CheckpointRow:
 
 
 _SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
+_UNHELD_CANCEL = {"cancel_requested": True, "status": "running", "worker_id": None, "lease_expires_at": None}
+"""A cancelled run that no worker executes (waiting, queued): a running run held by none, which
+the next claim closes."""
 
 
 class RunRepo:
@@ -151,6 +155,8 @@ class RunRepo:
         prior: Sequence[ChatMessage] = (),
         model: str | None = None,
         trace_parent: str | None = None,
+        admission: Admission | None = None,
+        queued_event: Callable[[str, str, int], StoredEvent] | None = None,
     ) -> tuple[RunRecord, list[ChatMessage]]:
         """Insert a running run leased to ``worker_id`` and, in the same transaction, store
         ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
@@ -163,9 +169,14 @@ class RunRepo:
         once that close is committed, so the new run's events come after that done, however
         late the done reaches the bus.
 
-        Raises ``RunActiveError`` if a run of the conversation is running (the partial unique index
-        decides, so of two concurrent starts exactly one wins) and ``ConversationNotFoundError`` if
-        the conversation does not exist.
+        With an ``admission`` the run may queue instead (RUNS.md Q-01; ``queue.admit``): its row
+        is then ``queued``, held by nobody, and ``queued_event(run_id, after, position)``, its
+        ``queued`` phase, is stored with it.
+
+        Raises ``RunActiveError`` if a run of the conversation is active (the partial unique index
+        decides, so of two concurrent starts exactly one wins), ``ConversationNotFoundError`` if
+        the conversation does not exist, and ``QueueFullError`` if the run would queue but the
+        queue is full (Q-02); nothing is stored then.
         """
         row = self._new_row(
             conversation_id,
@@ -179,7 +190,12 @@ class RunRepo:
         )
         try:
             async with self._sessionmaker.begin() as session:
-                await session.execute(insert(_runs), row)  # the one-running-run index decides here
+                await session.execute(insert(_runs), row)  # the one-active-run index decides here
+                position = (
+                    await admit(session, row["id"], owner, admission) if admission is not None else None
+                )
+                if position is not None:
+                    row.update(status="queued", worker_id=None, lease_expires_at=None)
                 # The conversation's row locked before anything of it is read (FollowUpRepo takes
                 # the same lock): follow-ups accepted after the previous run took its last ones,
                 # and kept nowhere since, join the history now, before the question, so that the
@@ -212,6 +228,12 @@ class RunRepo:
                     locked=True,
                     first_seq=next_seq,
                 )
+                if position is not None and admission is not None:
+                    if queued_event is not None:
+                        event = queued_event(row["id"], cursor, position)
+                        if not await _insert_events(session, [_event_row(conversation_id, event)]):
+                            raise EventIdTakenError(event.id)
+                    await check_bound(session, admission.max_queued)
         except IntegrityError:
             await self._explain_conflict(conversation_id)
         return RunRecord(**row), history
@@ -420,8 +442,8 @@ class RunRepo:
 
     async def request_cancel(self, run_id: str) -> bool:
         """Mark a running run for cancel, for whichever worker holds it next (RUNS.md R-11). A
-        waiting run's approvals close with it (A-05), and it becomes a running run that no worker
-        holds, which the next claim closes."""
+        waiting run's approvals close with it (A-05); a waiting or queued run becomes a running run
+        that no worker holds, which the next claim closes."""
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
                 update(Run).where(Run.id == run_id, Run.status == "running").values(cancel_requested=True)
@@ -430,8 +452,14 @@ class RunRepo:
                 return True
             result = await session.execute(
                 update(Run)
-                .where(Run.id == run_id, Run.status == "waiting")
-                .values(cancel_requested=True, status="running", worker_id=None, lease_expires_at=None)
+                .where(Run.id == run_id, Run.status == "queued")
+                # Never started: the claim that closes it is its first attempt.
+                .values({**_UNHELD_CANCEL, "attempt": Run.attempt - 1})
+            )
+            if result.rowcount:  # type: ignore[attr-defined]
+                return True
+            result = await session.execute(
+                update(Run).where(Run.id == run_id, Run.status == "waiting").values(_UNHELD_CANCEL)
             )
             if not result.rowcount:  # type: ignore[attr-defined]
                 return False

@@ -127,7 +127,7 @@ class Api:
     def wait_finished(self, run_id: str, timeout: float = 10.0) -> dict[str, Any]:
         def finished() -> dict[str, Any] | None:
             run = self.get_run(run_id)
-            return run if run["status"] != "running" else None
+            return run if run["status"] not in ("running", "queued") else None
 
         result: dict[str, Any] = wait_until(finished, timeout=timeout, what=f"run {run_id} to finish")
         return result

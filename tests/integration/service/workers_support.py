@@ -346,7 +346,7 @@ class Api:
 
     def wait_finished(self, run_id: str, timeout: float = 15.0) -> dict[str, Any]:
         run: dict[str, Any] = wait_until(
-            lambda: (r := self.run(run_id))["status"] != "running" and r,
+            lambda: (r := self.run(run_id))["status"] not in ("running", "queued") and r,
             timeout=timeout,
             interval=0.05,
             what=f"run {run_id} to finish",

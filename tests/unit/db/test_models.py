@@ -55,6 +55,8 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "ck_runs_status",
         "ix_runs_conversation_id",
         "ux_runs_one_active_per_conversation",
+        "ix_runs_status_created_at",
+        "ix_runs_owner_status",
         "pk_run_events",
         "fk_run_events_conversation_id_conversations",
         "ix_run_events_run_id",
