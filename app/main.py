@@ -88,18 +88,28 @@ async def build_services(settings: Settings) -> Services:
     redis_client: Any = None
     bus: EventBus
     if settings.redis_url:
-        from redis.asyncio import Redis
-
-        from app.streaming.redis_bus import RedisEventBus
         from app.streaming.redis_signals import RedisCancelSignal, RedisFollowUpHints
 
-        redis_client = Redis.from_url(settings.redis_url)
-        bus = RedisEventBus(settings.redis_url, settings.redis_key_prefix)
         prefix = settings.redis_key_prefix
-        hints: FollowUpHints = RedisFollowUpHints(redis_client, prefix)
-        cancel_signal: Any = RedisCancelSignal(redis_client, prefix)
-        released_signal: Any = RedisCancelSignal(redis_client, prefix, name="released")
-        log.info("event bus: Redis Streams")
+        cluster = settings.redis_cluster
+        if cluster:
+            from redis.asyncio.cluster import RedisCluster
+
+            from app.streaming.redis_cluster_bus import RedisClusterEventBus
+
+            redis_client = RedisCluster.from_url(settings.redis_url)
+            bus = RedisClusterEventBus(settings.redis_url, prefix)
+        else:
+            from redis.asyncio import Redis
+
+            from app.streaming.redis_bus import RedisEventBus
+
+            redis_client = Redis.from_url(settings.redis_url)
+            bus = RedisEventBus(settings.redis_url, prefix)
+        hints: FollowUpHints = RedisFollowUpHints(redis_client, prefix, cluster=cluster)
+        cancel_signal: Any = RedisCancelSignal(redis_client, prefix, cluster=cluster)
+        released_signal: Any = RedisCancelSignal(redis_client, prefix, name="released", cluster=cluster)
+        log.info("event bus: Redis Streams" + (" on a Redis Cluster" if cluster else ""))
     else:
         from app.streaming.redis_signals import MemoryCancelSignal
 

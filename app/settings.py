@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
     redis_key_prefix: str = "agentstream"
+    redis_cluster: bool = False
+    """``REDIS_URL`` names a node of a Redis Cluster (RUNS.md S-01)."""
 
     # auth
     api_keys: SecretStr | None = None

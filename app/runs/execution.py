@@ -502,7 +502,7 @@ class Executor:
         self.metrics.handovers.inc()
         log.info("run handed over", extra={"attempt": active.attempt})
         try:
-            await self.released.request(active.run_id)
+            await self.released.request(active.run_id, active.conversation_id)
         except Exception as exc:
             log.warning("could not announce the released run", extra={"error": repr(exc)})
 
@@ -521,7 +521,7 @@ class Executor:
         elif parked == "released":
             # Every decision came in while it was parking: it goes on at once, on some worker.
             try:
-                await self.released.request(active.run_id)
+                await self.released.request(active.run_id, active.conversation_id)
             except Exception as exc:  # the claim loops find it on their next pass
                 log.warning("could not announce the run that goes on", extra={"error": repr(exc)})
         log.info("run waits for approval", extra={"parked": parked})

@@ -139,7 +139,11 @@ class RunManager:
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.cancel_signal.listen(self._on_cancel_requested)
+        # After a reconnect, requests sent meanwhile are found by their keys.
+        await self.cancel_signal.listen(
+            self._on_cancel_requested,
+            lambda: [(active.run_id, active.conversation_id) for active in self._active.values()],
+        )
         await self.released_signal.listen(lambda _run_id: self.takeover.announced())
         self._claims = asyncio.create_task(self.takeover.claim_loop(), name="run-claims")
         self._background.append(asyncio.create_task(self.takeover.heartbeat_loop(), name="run-heartbeat"))
@@ -191,7 +195,7 @@ class RunManager:
                 ):
                     log.info("shutdown: released a run held with no attempt", extra={"run_id": run.id})
                     with contextlib.suppress(Exception):
-                        await self.released_signal.request(run.id)
+                        await self.released_signal.request(run.id, run.conversation_id)
         except Exception as exc:
             log.warning("shutdown: could not release the runs held here", extra={"error": repr(exc)})
 
@@ -286,7 +290,7 @@ class RunManager:
             # Stored already: a follower reads it from the database (the next event names it).
             log.warning("could not publish the queued phase", extra={"error": repr(exc)})
         try:
-            await self.released_signal.request(run.id)
+            await self.released_signal.request(run.id, run.conversation_id)
         except Exception as exc:  # the claim loops find it on their next pass
             log.warning("could not announce the queued run", extra={"error": repr(exc)})
 
@@ -331,7 +335,7 @@ class RunManager:
             self._cancel_local(local, "user")
             return run
         try:
-            await self.cancel_signal.request(run.id)
+            await self.cancel_signal.request(run.id, run.conversation_id)
         except Exception as exc:
             # The cancel is on the run's row: its holder's heartbeat sees it there.
             log.warning("could not signal the cancel", extra={"error": repr(exc)})

@@ -373,7 +373,7 @@ class Takeover:
         try:
             if await self.runs.release(run.id, run.attempt, self.worker_id):
                 log.warning("released a run this worker held with no attempt", extra={"run_id": run.id})
-                await self.executor.released.request(run.id)
+                await self.executor.released.request(run.id, run.conversation_id)
         except Exception as exc:
             log.warning("could not release a run", extra={"run_id": run.id, "error": repr(exc)})
 

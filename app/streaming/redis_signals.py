@@ -4,7 +4,8 @@
 channel that each process listens to on a single pubsub connection; the same class, named
 ``released``, announces runs a stopping worker let go. ``MemoryCancelSignal`` is its in-process
 twin for a service without Redis. ``RedisFollowUpHints`` tells a run on any worker that its
-conversation got a follow-up (kept in the database: ``app.runs.follow_ups``).
+conversation got a follow-up (kept in the database: ``app.runs.follow_ups``). Both Redis classes
+work on a Redis Cluster too (keys named by ``RedisKeys``; classic pub/sub reaches every node).
 """
 
 from __future__ import annotations
@@ -20,12 +21,21 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from app.streaming.redis_keys import RedisKeys
 
 log = logging.getLogger("app.streaming.signals")
 
 CancelCallback = Callable[[str], object]
 """Called with the run id; may return an awaitable, which is awaited."""
+
+ActiveRuns = Callable[[], Iterable[str | tuple[str, str]]]
+"""The runs of this process, as run ids or ``(run_id, conversation_id)`` pairs: the pairs where
+requests name the conversation (on a cluster the key of a request hashes with it)."""
+
+_REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
 
 
 def _text(value: bytes | str) -> str:
@@ -33,11 +43,15 @@ def _text(value: bytes | str) -> str:
 
 
 class CancelSignal(Protocol):
-    async def request(self, run_id: str) -> None:
-        """Ask whichever process runs ``run_id`` to cancel it."""
+    async def request(self, run_id: str, conversation_id: str | None = None) -> None:
+        """Ask whichever process runs ``run_id`` to cancel it.
+
+        ``conversation_id``, the run's, where the caller knows it: on a Redis Cluster the request's
+        key then shares the conversation's slot. ``is_requested`` must be asked the same way.
+        """
         ...
 
-    async def is_requested(self, run_id: str) -> bool: ...
+    async def is_requested(self, run_id: str, conversation_id: str | None = None) -> bool: ...
 
     async def listen(self, callback: CancelCallback) -> None:
         """Start calling ``callback(run_id)`` for every request; returns once listening."""
@@ -60,42 +74,55 @@ class RedisCancelSignal:
 
     ``listen()`` keeps one pubsub connection per process and reconnects with backoff. Requests
     published while it was disconnected are not replayed by Redis, so after reconnecting it checks
-    the keys of the run ids ``active_runs()`` names, if given.
+    the keys of the runs ``active_runs()`` names, if given. ``redis`` may be a ``RedisCluster``
+    (``cluster=True``): the key is then ``RedisKeys.signal``'s, and the pubsub connection goes to
+    any node, another one after each failure.
     """
 
-    def __init__(self, redis: Redis, prefix: str, *, ttl_s: int = 3600, name: str = "cancel") -> None:
+    def __init__(
+        self,
+        redis: Redis | RedisCluster,
+        prefix: str,
+        *,
+        ttl_s: int = 3600,
+        name: str = "cancel",
+        cluster: bool = False,
+    ) -> None:
         """``name`` tells signals apart: ``cancel``, or ``released`` for runs a stopping worker let
         go (RUNS.md R-08), which wakes every worker's claim loop."""
-        self._redis = redis
-        self._channel = f"{prefix}:{name}"
+        self._redis: Any = redis
+        self._keys = RedisKeys(prefix, cluster=cluster)
+        self._name = name
+        self._channel = self._keys.signal_channel(name)
         self._ttl_s = ttl_s
         self._task: asyncio.Task[None] | None = None
         self._pubsub: Any = None
         self._callback: CancelCallback | None = None
-        self._active_runs: Callable[[], Iterable[str]] | None = None
+        self._active_runs: ActiveRuns | None = None
         self._catch_ups: set[asyncio.Task[None]] = set()
 
-    def _key(self, run_id: str) -> str:
-        return f"{self._channel}:{run_id}"
-
-    async def request(self, run_id: str) -> None:
+    async def request(self, run_id: str, conversation_id: str | None = None) -> None:
+        key = self._keys.signal(self._name, run_id, conversation_id)
+        if self._keys.cluster:
+            # The channel belongs to no slot: no transaction spans it and the key on a cluster.
+            await self._redis.set(key, b"1", ex=self._ttl_s)
+            await self._redis.publish(self._channel, run_id)
+            return
         pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self._key(run_id), b"1", ex=self._ttl_s)
+        pipe.set(key, b"1", ex=self._ttl_s)
         pipe.publish(self._channel, run_id)
         await pipe.execute()
 
-    async def is_requested(self, run_id: str) -> bool:
-        return bool(await self._redis.exists(self._key(run_id)))
+    async def is_requested(self, run_id: str, conversation_id: str | None = None) -> bool:
+        return bool(await self._redis.exists(self._keys.signal(self._name, run_id, conversation_id)))
 
-    async def listen(
-        self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None = None
-    ) -> None:
+    async def listen(self, callback: CancelCallback, active_runs: ActiveRuns | None = None) -> None:
         if self._task is not None:
             raise RuntimeError("already listening")
         self._callback, self._active_runs = callback, active_runs
         try:
             await self._subscribe()
-        except (RedisError, OSError) as exc:
+        except _REDIS_ERRORS as exc:
             # A worker must start while Redis is down (its /readyz then says so); the listener
             # below keeps trying to subscribe.
             log.warning("cancel listener cannot reach Redis yet; retrying", extra={"error": str(exc)})
@@ -104,7 +131,13 @@ class RedisCancelSignal:
         )
 
     async def _subscribe(self) -> None:
-        pubsub: Any = self._redis.pubsub(ignore_subscribe_messages=True)
+        if self._keys.cluster:
+            # Any node hears every PUBLISH of a cluster; after a failure, most likely another one.
+            await self._redis.initialize()
+            node = random.choice(self._redis.get_nodes())
+            pubsub: Any = self._redis.pubsub(node=node, ignore_subscribe_messages=True)
+        else:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self._channel)
         except BaseException:
@@ -123,20 +156,19 @@ class RedisCancelSignal:
         self._catch_ups.add(task)
         task.add_done_callback(self._catch_ups.discard)
 
-    async def _catch_up(
-        self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None
-    ) -> None:
+    async def _catch_up(self, callback: CancelCallback, active_runs: ActiveRuns | None) -> None:
         """Requests sent while we were away only left their keys behind."""
         if active_runs is None:
             return
         try:
-            for run_id in list(active_runs()):
-                if await self.is_requested(run_id):
+            for run in list(active_runs()):
+                run_id, conversation_id = (run, None) if isinstance(run, str) else run
+                if await self.is_requested(run_id, conversation_id):
                     await _invoke(callback, run_id)
-        except (RedisError, OSError):
+        except _REDIS_ERRORS:
             log.warning("cancel catch-up failed", exc_info=True)
 
-    async def _run(self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None) -> None:
+    async def _run(self, callback: CancelCallback, active_runs: ActiveRuns | None) -> None:
         attempt = 0
         while True:
             try:
@@ -150,7 +182,7 @@ class RedisCancelSignal:
                 raise ConnectionError("pubsub connection ended")
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except _REDIS_ERRORS as exc:
                 log.warning("cancel listener lost Redis; reconnecting", extra={"error": str(exc)})
                 await self._drop_pubsub()
                 attempt += 1
@@ -164,7 +196,7 @@ class RedisCancelSignal:
                 pubsub.connection.deregister_connect_callback(self._on_reconnect)
             try:
                 await pubsub.aclose()
-            except (RedisError, OSError):
+            except _REDIS_ERRORS:
                 pass
 
     async def close(self) -> None:
@@ -189,7 +221,8 @@ class MemoryCancelSignal:
         self._requested: dict[str, float] = {}
         self._callbacks: list[CancelCallback] = []
 
-    async def request(self, run_id: str) -> None:
+    async def request(self, run_id: str, conversation_id: str | None = None) -> None:
+        del conversation_id  # one process: the run id alone names the request
         now = time.monotonic()
         # Forget old requests so the map cannot grow without bound.
         for old in [r for r, at in self._requested.items() if now - at > self._ttl_s]:
@@ -198,13 +231,12 @@ class MemoryCancelSignal:
         for callback in list(self._callbacks):
             await _invoke(callback, run_id)
 
-    async def is_requested(self, run_id: str) -> bool:
+    async def is_requested(self, run_id: str, conversation_id: str | None = None) -> bool:
+        del conversation_id
         at = self._requested.get(run_id)
         return at is not None and time.monotonic() - at < self._ttl_s
 
-    async def listen(
-        self, callback: CancelCallback, active_runs: Callable[[], Iterable[str]] | None = None
-    ) -> None:
+    async def listen(self, callback: CancelCallback, active_runs: ActiveRuns | None = None) -> None:
         del active_runs  # nothing can be missed in-process
         self._callbacks.append(callback)
 
@@ -213,18 +245,20 @@ class MemoryCancelSignal:
 
 
 class RedisFollowUpHints:
-    """``FollowUpHints`` across processes: ``{prefix}:followups:{conversation_id}`` holds a fresh
-    random token after every follow-up (so a Redis restarted empty can never hand back a token a
-    run already saw), for a day."""
+    """``FollowUpHints`` across processes: ``{prefix}:followups:{conversation_id}`` (on a cluster
+    ``{prefix}:followups:{<conversation_id>}``) holds a fresh random token after every follow-up (so
+    a Redis restarted empty can never hand back a token a run already saw), for a day."""
 
-    def __init__(self, redis: Redis, prefix: str, *, ttl_s: int = 86_400) -> None:
-        self._redis = redis
-        self._prefix = f"{prefix}:followups"
+    def __init__(
+        self, redis: Redis | RedisCluster, prefix: str, *, ttl_s: int = 86_400, cluster: bool = False
+    ) -> None:
+        self._redis: Any = redis
+        self._keys = RedisKeys(prefix, cluster=cluster)
         self._ttl_s = ttl_s
 
     async def version(self, conversation_id: str) -> object:
-        token = await self._redis.get(f"{self._prefix}:{conversation_id}")
+        token = await self._redis.get(self._keys.followups(conversation_id))
         return b"" if token is None else token
 
     async def bump(self, conversation_id: str) -> None:
-        await self._redis.set(f"{self._prefix}:{conversation_id}", secrets.token_bytes(12), ex=self._ttl_s)
+        await self._redis.set(self._keys.followups(conversation_id), secrets.token_bytes(12), ex=self._ttl_s)

@@ -1,9 +1,11 @@
 """``RespConnection``: a bare Redis connection for the event bus's two hot paths.
 
 The stream writer sends one pipeline per batch of appends and the stream reader one blocking
-``XREAD`` at a time; each owns one of these. Commands are packed and replies parsed by hiredis (C),
-with one timeout per round trip instead of one per reply, which makes a token cost microseconds
-instead of a redis-py command's overhead. Everything else in the service uses redis-py.
+``XREAD`` at a time; each owns one of these (on a Redis Cluster, one per master listens to the
+channels that announce appends: ``send``/``receive``, subscribe mode). Commands are packed and
+replies parsed by hiredis (C), with one timeout per round trip instead of one per reply, which
+makes a token cost microseconds instead of a redis-py command's overhead. Everything else in the
+service uses redis-py.
 """
 
 from __future__ import annotations
@@ -39,8 +41,14 @@ class RespConnection:
     error replies are returned as ``ResponseError`` instances in the reply list, not raised.
     """
 
-    def __init__(self, url: str, *, client_name: str | None, timeout_s: float) -> None:
+    def __init__(
+        self, url: str, *, client_name: str | None, timeout_s: float, address: tuple[str, int] | None = None
+    ) -> None:
+        """``address`` (host, port) replaces the URL's, as for a node of a cluster ``url`` names."""
         self._options: dict[str, Any] = dict(parse_url(url))
+        if address is not None:
+            self._options.pop("path", None)
+            self._options["host"], self._options["port"] = address
         self._client_name = client_name
         self.timeout_s = timeout_s
         self._reader: asyncio.StreamReader | None = None
@@ -67,6 +75,39 @@ class RespConnection:
             self.close()
             raise
         except (OSError, TimeoutError, EOFError, hiredis.ProtocolError, RedisConnectionError) as exc:
+            self.close()
+            raise RedisConnectionError(f"Redis connection failed: {exc!r}") from exc
+
+    async def connect(self) -> None:
+        """Connect now (for ``send``), if not connected."""
+        await self.execute([])
+
+    def send(self, commands: Sequence[Command]) -> None:
+        """Write ``commands`` without waiting for their replies (in subscribe mode ``receive``
+        returns them, among the messages)."""
+        if self._writer is None or self._writer.is_closing():
+            raise RedisConnectionError("Redis connection is closed")
+        pack: Any = hiredis.pack_command
+        self._writer.write(b"".join(pack(c) for c in commands))
+
+    async def receive(self, timeout_s: float) -> Any:
+        """The next reply or message; ``None`` if none came within ``timeout_s``."""
+        assert self._reader is not None, "receive() before connect()"
+        parser = self._parser
+        try:
+            async with asyncio.timeout(timeout_s):
+                while (reply := parser.gets()) is False:
+                    data = await self._reader.read(262_144)
+                    if not data:
+                        raise RedisConnectionError("Redis closed the connection")
+                    parser.feed(data)
+                return reply
+        except TimeoutError:
+            return None
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        except (OSError, EOFError, hiredis.ProtocolError, RedisConnectionError) as exc:
             self.close()
             raise RedisConnectionError(f"Redis connection failed: {exc!r}") from exc
 

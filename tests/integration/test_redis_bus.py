@@ -1,7 +1,9 @@
-"""The EventBus contract, run on the in-process bus and on Redis Streams, plus Redis-only behaviour.
+"""The EventBus contract, run on the in-process bus, on Redis Streams and on the Redis Streams of a
+Redis Cluster, plus Redis-only behaviour (the cluster's own: ``tests/integration/cluster/``).
 
-Redis tests use the real server at ``AGENTSTREAM_TEST_REDIS`` (default ``redis://127.0.0.1:6379/0``)
-under a key prefix private to the test, deleted afterwards.
+Redis tests use the real server at ``AGENTSTREAM_TEST_REDIS`` (default ``redis://127.0.0.1:6379/0``),
+or the cluster at ``AGENTSTREAM_TEST_REDIS_CLUSTER``, under a key prefix private to the test,
+deleted afterwards.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from app.streaming.bus import (
 )
 from app.streaming.memory import MemoryEventBus
 from app.streaming.redis_bus import RedisEventBus
+from app.streaming.redis_cluster_bus import RedisClusterEventBus
+from app.streaming.redis_streams import RedisStreamsBus
+from tests.support.redis_cluster import cluster_prefix
 from tests.unit.streaming.doubles import stored, wait_until
 
 REDIS_URL = os.environ.get("AGENTSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -68,13 +73,28 @@ async def redis_bus(redis_prefix: str) -> AsyncIterator[RedisEventBus]:
         await bus.close()
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 async def bus(request: pytest.FixtureRequest) -> AsyncIterator[EventBus]:
-    """The bus under contract: the in-process one, then Redis Streams under a private prefix."""
+    """The bus under contract: the in-process one, then Redis Streams under a private prefix, on
+    one Redis and on a Redis Cluster."""
     if request.param == "memory":
         memory = MemoryEventBus()
         yield memory
         await memory.close()
+        return
+    if request.param == "redis-cluster":
+        async with cluster_prefix() as (url, prefix):
+            cluster_bus = RedisClusterEventBus(url, prefix)
+            try:
+                yield cluster_bus
+            finally:
+                await cluster_bus.close()
         return
     client = await _redis_or_skip()
     prefix = f"agentstream-test:{secrets.token_hex(6)}"
@@ -102,7 +122,7 @@ async def collect(bus: EventBus, after: str, count: int, conv: str = CONV) -> li
 
 def _following(bus: EventBus, conv: str) -> bool:
     """Whether a follower of ``conv`` is waiting for live events (not replaying)."""
-    if isinstance(bus, RedisEventBus):
+    if isinstance(bus, RedisStreamsBus):
         sub = bus.subscriptions.get(conv)
         return sub is not None and bool(sub.followers)
     log = bus._logs.get(conv)  # type: ignore[attr-defined]

@@ -82,7 +82,7 @@ async def decide(
     if goes_on:
         # Every decision of the run is in: whichever worker's claim loop is first carries it on.
         try:
-            await services.manager.released_signal.request(decided.run_id)
+            await services.manager.released_signal.request(decided.run_id, decided.conversation_id)
         except Exception as exc:
             log.warning("could not announce the run that goes on", extra={"error": repr(exc)})
     return ApprovalDecisionOut(approval_id=decided.id, status=status, run_id=decided.run_id)

@@ -1,0 +1,387 @@
+"""What the two Redis Streams buses share: reads by id, and ``follow()`` over a shared reader.
+
+``RedisEventBus`` (one Redis, ``app.streaming.redis_bus``) and ``RedisClusterEventBus`` (a Redis
+Cluster, ``app.streaming.redis_cluster_bus``) keep one stream per conversation and differ in how
+they write and how their one reader per process learns of new entries. Both fan entries out to a
+conversation's local followers through a ``Subscription``, each follower holding a bounded buffer
+(``Follower``); a follower that falls too far behind loses its buffer and catches up from the stream
+by id (``XRANGE``), so a slow client never stalls the others nor grows memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from app.streaming.bus import (
+    BusClosedError,
+    BusUnavailableError,
+    EventOrderError,
+    StoredEvent,
+    parse_cursor,
+)
+from app.streaming.redis_keys import RedisKeys
+from app.streaming.redis_wire import Command, bulk
+
+log = logging.getLogger("app.streaming.redis")
+
+PAGE = 1000
+"""Entries a reader reads of one stream at a time."""
+FOLLOWER_PAGE = 64
+"""Entries one follower reads for itself at a time (replay, catch-up). A follower whose client
+stopped reading holds its page until the client goes, so the page is small: at 1000 entries, 40
+clients that stopped reading an 8 MiB answer cost the worker about 200 MB of RSS, at 64 about 85
+(answer deltas merge into large events, so an entry may be far larger than a token)."""
+
+
+def stored_events(entries: Sequence[tuple[str, dict[str, str]]]) -> list[StoredEvent]:
+    """Entries as redis-py returns them (``XRANGE``, ``XREAD``): ``(id, {field: value})``."""
+    return [StoredEvent(i, f["event"], f["data"], f["run_id"], f.get("prev")) for i, f in entries]
+
+
+def xadd_command(key: str, maxlen: tuple[str | int, ...], e: StoredEvent) -> Command:
+    if e.prev is None:
+        return ("XADD", key, *maxlen, e.id, "event", e.event, "data", e.data, "run_id", e.run_id)
+    return ("XADD", key, *maxlen, e.id, "event", e.event, "data", e.data, "run_id", e.run_id, "prev", e.prev)
+
+
+def append_error(key: str, events: Sequence[StoredEvent], results: Sequence[Any]) -> Exception | None:
+    """The error of an append, from the replies to its ``XADD`` commands; None if it succeeded."""
+    for event, result in zip(events, results, strict=False):
+        if isinstance(result, ResponseError):
+            if "equal or smaller" in str(result):
+                return EventOrderError(
+                    f"Redis rejected event id {event.id} for {key}: not greater than the newest id held"
+                )
+            return BusUnavailableError(f"cannot append to {key}: {result}")
+        if isinstance(result, BaseException):
+            return BusUnavailableError(f"cannot append to {key}: {result}")
+    return None
+
+
+Append = tuple[str, Sequence[StoredEvent]]
+"""One ``append()``: the conversation id and its events."""
+
+
+class StreamWriter:
+    """Appends of every conversation in this process, sent together: one round trip per batch
+    (whatever queued up while the previous one was in flight). Subclasses say how a batch goes."""
+
+    unreachable: ClassVar[tuple[type[BaseException], ...]] = (RedisError,)
+    """Errors of a whole round trip (every append of the batch may or may not have been made)."""
+
+    def __init__(self, maxlen: int | None, name: str) -> None:
+        self.maxlen: tuple[str | int, ...] = ("MAXLEN", "~", maxlen) if maxlen else ()
+        self._queue: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        # A context of its own: it writes for every run, not for the one whose event started it.
+        self.task = asyncio.create_task(self._run(), name=name, context=contextvars.Context())
+
+    def submit(self, conversation_id: str, events: Sequence[StoredEvent]) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((conversation_id, events, future))
+        self._wake.set()
+        return future
+
+    async def _write(self, batch: list[Append]) -> list[Exception | None]:
+        """Send ``batch`` in one round trip; each append's error (None: appended)."""
+        raise NotImplementedError
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch, self._queue = self._queue, []
+            try:
+                errors = await self._write(
+                    [(conversation_id, events) for conversation_id, events, _ in batch]
+                )
+            except asyncio.CancelledError:
+                self._fail(batch, BusClosedError("the event bus is closed"))
+                self._fail(self._queue, BusClosedError("the event bus is closed"))
+                raise
+            except self.unreachable as exc:
+                log.warning("stream writer lost Redis", extra={"error": str(exc)})
+                self._fail(batch, BusUnavailableError(f"cannot append to Redis: {exc}"))
+                continue
+            for (_, _, future), error in zip(batch, errors, strict=True):
+                if not future.done():
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error)
+
+    @staticmethod
+    def _fail(batch: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]], error: Exception) -> None:
+        for _, _, future in batch:
+            if not future.done():
+                future.set_exception(error)
+
+
+class Follower:
+    """One ``follow()`` call's share of a reader: batches not yet yielded, at most ``limit`` events."""
+
+    __slots__ = ("batches", "error", "overflowed", "size", "wakeup")
+
+    def __init__(self) -> None:
+        self.batches: deque[list[StoredEvent]] = deque()
+        self.size = 0
+        self.overflowed = False
+        self.error: BaseException | None = None
+        self.wakeup = asyncio.Event()
+
+
+class Subscription:
+    """This process's interest in one conversation's stream: where reading is, and who follows."""
+
+    __slots__ = (
+        "conversation_id",
+        "followers",
+        "key",
+        "key_bulk",
+        "position",
+        "position_bulk",
+        "position_key",
+    )
+
+    def __init__(self, conversation_id: str, key: str, position: str) -> None:
+        self.conversation_id = conversation_id
+        self.key = key
+        self.key_bulk = bulk(key)
+        self._move_to(position)
+        self.followers: set[Follower] = set()
+
+    def _move_to(self, position: str) -> None:
+        # Id of the last entry handed to followers; a follower that joins now gets all after it.
+        # Kept parsed (to compare) and in RESP form (the single-node reader's XREAD) as well.
+        self.position = position
+        self.position_key = parse_cursor(position)
+        self.position_bulk = bulk(position)
+
+    def deliver(self, events: list[StoredEvent], limit: int) -> None:
+        if parse_cursor(events[0].id) <= self.position_key:
+            # A reply to a read issued before this subscription was renewed: drop what it had.
+            events = [e for e in events if parse_cursor(e.id) > self.position_key]
+            if not events:
+                return
+        self._move_to(events[-1].id)
+        n = len(events)
+        for follower in list(self.followers):
+            if follower.size + n > limit:
+                # Too far behind: forget its buffer; it re-reads from the stream by id.
+                follower.overflowed = True
+                follower.batches.clear()
+                follower.size = 0
+                self.followers.discard(follower)
+            else:
+                follower.batches.append(events)
+                follower.size += n
+            follower.wakeup.set()
+
+    def fail(self, error: BaseException) -> None:
+        for follower in self.followers:
+            follower.error = error
+            follower.wakeup.set()
+        self.followers.clear()
+
+
+class StreamReader(Protocol):
+    """A process's one reader of followed streams, handing new entries to their subscriptions."""
+
+    subscriptions: dict[str, Subscription]
+
+    def subscribe(self, conversation_id: str, key: str, position: str) -> Subscription: ...
+
+    def unsubscribe(self, sub: Subscription, follower: Follower) -> None: ...
+
+
+ReaderT = TypeVar("ReaderT", bound=StreamReader)
+
+
+class _StreamLostError(Exception):
+    """Internal: the stream no longer vouches for continuity; surfaced as ``BusUnavailableError``."""
+
+
+class RedisStreamsBus(Generic[ReaderT]):
+    """The reading half of an ``EventBus`` on Redis Streams; subclasses write and run the reader.
+
+    ``redis`` is a redis-py client (``Redis`` or ``RedisCluster``, ``decode_responses=True``)
+    making no retries of its own: callers own the retry policy (``follow()`` re-checks for lost
+    entries after an outage, the publisher re-appends what is missing).
+    """
+
+    unreachable: ClassVar[tuple[type[BaseException], ...]] = (
+        RedisConnectionError,
+        RedisTimeoutError,
+        OSError,
+    )
+    """Errors that mean Redis cannot be reached (``BusUnavailableError``)."""
+
+    def __init__(self, redis: Any, keys: RedisKeys, *, follower_buffer: int, reconnect_s: float) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.prefix = keys.prefix
+        self.follower_buffer = follower_buffer
+        self.reconnect_s = reconnect_s
+        self._reader: ReaderT | None = None
+        self._closed = False
+
+    def stream_key(self, conversation_id: str) -> str:
+        return self.keys.events(conversation_id)
+
+    def _start_reader(self) -> ReaderT:
+        """The process's reader, started (on first use)."""
+        raise NotImplementedError
+
+    def _stream_reader(self) -> ReaderT:
+        if self._reader is None:
+            self._reader = self._start_reader()
+        return self._reader
+
+    # ---- writing by key --------------------------------------------------------------------
+
+    async def expire(self, conversation_id: str, seconds: int) -> None:
+        await self._call(self.redis.expire, self.stream_key(conversation_id), max(1, int(seconds)))
+
+    async def delete(self, conversation_id: str) -> None:
+        await self._call(self.redis.delete, self.stream_key(conversation_id))
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def read_after(self, conversation_id: str, after: str, limit: int = 1000) -> list[StoredEvent]:
+        return await self._read_range(conversation_id, after, "+", limit)
+
+    async def _read_range(self, conversation_id: str, after: str, upto: str, limit: int) -> list[StoredEvent]:
+        key = self.stream_key(conversation_id)
+        return stored_events(await self._call(self.redis.xrange, key, f"({after}", upto, limit))
+
+    async def oldest_id(self, conversation_id: str) -> str | None:
+        entries = await self._call(self.redis.xrange, self.stream_key(conversation_id), "-", "+", 1)
+        return str(entries[0][0]) if entries else None
+
+    async def last_id(self, conversation_id: str) -> str | None:
+        entries = await self._call(self.redis.xrevrange, self.stream_key(conversation_id), "+", "-", 1)
+        return str(entries[0][0]) if entries else None
+
+    async def follow(self, conversation_id: str, after: str) -> AsyncIterator[StoredEvent]:
+        last = after
+        last_key = parse_cursor(after)
+        failing_since: float | None = None
+        verify = False
+        attempt = 0
+        while True:
+            self._check_open()
+            follower = Follower()
+            reader: StreamReader | None = None
+            sub: Subscription | None = None
+            try:
+                if verify:
+                    # Back after an outage or a fall-behind: only go on if the stream still holds what
+                    # we had (Redis may have restarted empty, or trimmed): else entries may be lost.
+                    if not await self._still_holds(conversation_id, last_key):
+                        raise _StreamLostError(f"stream of {conversation_id} no longer holds {last}")
+                    verify = False
+                # Replay what the stream holds, then subscribe and dedupe by id across the seam.
+                while True:
+                    batch = await self.read_after(conversation_id, last, FOLLOWER_PAGE)
+                    for event in batch:
+                        yield event
+                    if batch:
+                        last = batch[-1].id
+                        last_key = parse_cursor(last)
+                    if len(batch) < FOLLOWER_PAGE:
+                        break
+                self._check_open()
+                reader = self._stream_reader()
+                sub = reader.subscribe(conversation_id, self.stream_key(conversation_id), last)
+                registered_at = sub.position
+                sub.followers.add(follower)
+                # Entries the reader handed out before we joined were appended after our replay.
+                while parse_cursor(registered_at) > last_key:
+                    batch = await self._read_range(conversation_id, last, registered_at, FOLLOWER_PAGE)
+                    if not batch:
+                        break
+                    for event in batch:
+                        yield event
+                    last = batch[-1].id
+                    last_key = parse_cursor(last)
+                failing_since = None
+                attempt = 0
+                while True:
+                    if follower.batches:
+                        batch = follower.batches.popleft()
+                        follower.size -= len(batch)
+                        if parse_cursor(batch[0].id) <= last_key:
+                            # Only right after joining can a batch overlap what was replayed.
+                            batch = [e for e in batch if parse_cursor(e.id) > last_key]
+                            if not batch:
+                                continue
+                        for event in batch:
+                            yield event
+                        last = batch[-1].id
+                        last_key = parse_cursor(last)
+                        continue
+                    if follower.error is not None:
+                        raise follower.error
+                    if follower.overflowed:
+                        verify = True
+                        break  # catch up from the stream by id
+                    follower.wakeup.clear()
+                    await follower.wakeup.wait()
+            except _StreamLostError as exc:
+                raise BusUnavailableError(str(exc)) from None
+            except BusUnavailableError:
+                verify = True
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                elif now - failing_since > self.reconnect_s:
+                    raise
+                attempt += 1
+                await asyncio.sleep(min(1.0, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2))
+            finally:
+                if reader is not None and sub is not None:
+                    reader.unsubscribe(sub, follower)
+
+    async def _still_holds(self, conversation_id: str, key: tuple[int, int]) -> bool:
+        """Whether the stream still holds an entry at or before ``key`` (so nothing after it was lost)."""
+        oldest = await self.oldest_id(conversation_id)
+        return oldest is not None and parse_cursor(oldest) <= key
+
+    # ---- service ---------------------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except (RedisError, OSError):
+            return False
+
+    @property
+    def subscriptions(self) -> dict[str, Subscription]:
+        """Followed conversations of this process (for tests and metrics)."""
+        return self._reader.subscriptions if self._reader is not None else {}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BusClosedError("the event bus is closed")
+
+    async def _call(self, method: Any, *args: Any) -> Any:
+        self._check_open()
+        try:
+            return await method(*args)
+        except self.unreachable as exc:
+            raise BusUnavailableError(f"Redis unreachable: {exc}") from exc
+        except ResponseError as exc:
+            raise BusUnavailableError(f"Redis refused: {exc}") from exc
