@@ -203,6 +203,12 @@ class BenchFakeServer(FakeOpenAIServer):
 _STAMP = re.compile(r"w t(\d+)")
 
 
+def timed_args(k: int, tokens: int, delay_s: float, tool: str = "calculator") -> list[str]:
+    """This server's command-line arguments for ``k`` tool calls, then ``tokens`` timed tokens
+    ``delay_s`` apart (what the latency and capacity benchmarks start it with)."""
+    return ["--k", str(k), "--tokens", str(tokens), "--tool", tool, "--timed", "--delay-s", str(delay_s)]
+
+
 def parse_stamps(text: str) -> list[int]:
     """Send times (µs) of the timed tokens in ``text`` (one delta, or several merged), in order."""
     return [int(n) for n in _STAMP.findall(text)]

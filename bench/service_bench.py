@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.fakellm import timed_args
 from bench.measure import emit, expected_answer, percentile
 from bench.service_stack import (
     HOST,
@@ -201,17 +202,7 @@ async def _latency_level(
 
 
 async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
-    fake = [
-        "--k",
-        "1",
-        "--tokens",
-        str(args.tokens),
-        "--tool",
-        "calculator",
-        "--timed",
-        "--delay-s",
-        str(args.delay_s),
-    ]
+    fake = timed_args(1, args.tokens, args.delay_s)
     levels = []
     profile = (args.py_spy, args.profile) if args.profile and args.have_py_spy else None
     probe_dir = tempfile.TemporaryDirectory(prefix="agentstream-probe-")
@@ -281,48 +272,48 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
-    fake = ["--k", "0", "--tokens", str(args.tokens), "--tool", "calculator"]
-    expected = expected_answer(args.tokens)
+async def throughput_load(
+    stack: Stack, concurrency: int, tokens: int, seconds: float, max_runs: int
+) -> dict[str, Any]:
+    """``concurrency`` users on a started ``stack`` of two workers (a fake LLM streaming ``tokens``
+    untimed tokens), for ``seconds``: each starts a run on one worker and streams it from the other,
+    again and again; every answer checked. Also bench/capacity_bench.py's ``cluster-throughput``."""
+    expected = expected_answer(tokens)
     delivered = 0
     runs = 0
     bad: list[str] = []
-    profile = (args.py_spy, args.profile) if args.profile and args.have_py_spy else None
-    async with Stack(fake, workers=2, db=args.db, profile=profile) as stack:
-        database = stack.database
-        ports = [port for _, port in stack.workers]
-        pids = stack.pids
-        deadline = time.monotonic() + args.seconds
+    ports = [port for _, port in stack.workers]
+    pids = stack.pids
+    deadline = time.monotonic() + seconds
 
-        async def user(n: int) -> None:
-            nonlocal delivered, runs
-            start_port, stream_port = ports[n % 2], ports[(n + 1) % 2]
-            conn = Connection(HOST, start_port)
-            try:
-                while time.monotonic() < deadline and runs < args.max_runs:
-                    conv_id = await new_conversation(conn)
-                    await start_run(conn, conv_id)
-                    # Started on one worker, streamed from the other: the tokens cross Redis.
-                    result = await read_stream(stream_port, conv_id)
-                    if result.answer != expected or (result.done or {}).get("answer") != expected:
-                        bad.append(conv_id)
-                    else:
-                        delivered += args.tokens
-                    runs += 1
-            finally:
-                await conn.close()
+    async def user(n: int) -> None:
+        nonlocal delivered, runs
+        start_port, stream_port = ports[n % 2], ports[(n + 1) % 2]
+        conn = Connection(HOST, start_port)
+        try:
+            while time.monotonic() < deadline and runs < max_runs:
+                conv_id = await new_conversation(conn)
+                await start_run(conn, conv_id)
+                # Started on one worker, streamed from the other: the tokens cross Redis.
+                result = await read_stream(stream_port, conv_id)
+                if result.answer != expected or (result.done or {}).get("answer") != expected:
+                    bad.append(conv_id)
+                else:
+                    delivered += tokens
+                runs += 1
+        finally:
+            await conn.close()
 
-        cpu0 = [cpu_seconds(p) for p in pids]
-        t0 = time.perf_counter()
-        await asyncio.gather(*(user(n) for n in range(args.concurrency)))
-        elapsed = time.perf_counter() - t0
-        cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+    cpu0 = [cpu_seconds(p) for p in pids]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(user(n) for n in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
     return {
-        "scenario": "throughput",
         "workers": 2,
-        "database": database,
-        "concurrency": args.concurrency,
-        "tokens_per_run": args.tokens,
+        "database": stack.database,
+        "concurrency": concurrency,
+        "tokens_per_run": tokens,
         "runs": runs,
         "runs_wrong": len(bad),
         "tokens_delivered": delivered,
@@ -331,6 +322,14 @@ async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "worker_cpu_pct": [100 * c / elapsed for c in cpu],
         "worker_cpu_us_per_token": 1e6 * sum(cpu) / max(1, delivered),
     }
+
+
+async def scenario_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    fake = ["--k", "0", "--tokens", str(args.tokens), "--tool", "calculator"]
+    profile = (args.py_spy, args.profile) if args.profile and args.have_py_spy else None
+    async with Stack(fake, workers=2, db=args.db, profile=profile) as stack:
+        result = await throughput_load(stack, args.concurrency, args.tokens, args.seconds, args.max_runs)
+    return {"scenario": "throughput", **result}
 
 
 async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:

@@ -138,8 +138,12 @@ class Stack:
         db: str = "sqlite",
         profile: tuple[str, str] | None = None,
         app_path: str | None = None,
+        redis_url: str | None = None,
     ) -> None:
         self.db = db
+        # The Redis the workers share (default REDIS_URL: 127.0.0.1:6379); bench/capacity_bench.py
+        # gives one it started itself (a node of its own, or a cluster's).
+        self.redis_url = redis_url or REDIS_URL
         # The tree whose ``app`` package the workers import (default: this one, through the
         # venv's editable install). bench/durable_cost.py (durable_bench checkpoints) points it at a
         # worktree of an earlier commit, so that this very script measures both apps.
@@ -190,7 +194,7 @@ class Stack:
             "LLM_BASE_URL": self.llm_url,
             "LLM_API_KEY": "bench",
             "LLM_MODEL": "fake-model",
-            "REDIS_URL": REDIS_URL,
+            "REDIS_URL": self.redis_url,
             "REDIS_KEY_PREFIX": self.prefix,
             "DATABASE_URL": database_url,
             "LOG_LEVEL": "WARNING",
@@ -265,6 +269,13 @@ class Stack:
             await asyncio.sleep(0.1)
         raise RuntimeError("worker did not become ready in 60 s")
 
+    def _redis_client(self) -> Any:
+        if self.env_extra.get("REDIS_CLUSTER", "").lower() in ("1", "true", "yes"):
+            from redis.asyncio.cluster import RedisCluster
+
+            return RedisCluster.from_url(self.redis_url)
+        return Redis.from_url(self.redis_url)
+
     def worker_log(self, i: int = 0) -> str:
         return (Path(self.tmp.name) / f"worker{i}.log").read_text(errors="replace")
 
@@ -295,7 +306,7 @@ class Stack:
                 await asyncio.to_thread(self.fake.wait, 10)
             except subprocess.TimeoutExpired:
                 self.fake.kill()
-        redis = Redis.from_url(REDIS_URL)
+        redis = self._redis_client()
         try:
             keys = [k async for k in redis.scan_iter(match=f"{self.prefix}:*", count=1000)]
             for i in range(0, len(keys), 500):

@@ -2,6 +2,7 @@
 
 - ``cluster_prefix()``: the shared cluster scripts/test.sh starts (``REDIS_CLUSTER_URL``) and a key
   prefix private to the test; every key under it is deleted afterwards, on every master.
+  ``shared_cluster_prefix()`` is the same for sync code (fixtures of any scope).
 - ``PrivateCluster``: three masters with a replica each on free loopback ports, for a test that
   kills a master (``kill_master_of(key)``) and must not break the shared one::
 
@@ -13,18 +14,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import TracebackType
 
 import redis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from tests.support.server import wait_until
@@ -36,20 +37,37 @@ NODE_TIMEOUT_MS = 2000
 @asynccontextmanager
 async def cluster_prefix() -> AsyncIterator[tuple[str, str]]:
     """``(url, prefix)``: the shared test cluster and a key prefix private to the test."""
-    if REDIS_CLUSTER_URL is None:
-        unavailable("no Redis Cluster to test against (AGENTSTREAM_TEST_REDIS_CLUSTER)")
-    url = str(REDIS_CLUSTER_URL)
-    prefix = f"agentstream-test:{random.getrandbits(48):012x}"
+    url, prefix = _shared_cluster_and_new_prefix()
     try:
         yield url, prefix
     finally:
-        client = AsyncRedisCluster.from_url(url)
-        try:
-            keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
-            for key in keys:
-                await client.delete(key)
-        finally:
-            await client.aclose()
+        await asyncio.to_thread(delete_keys, url, prefix)
+
+
+@contextmanager
+def shared_cluster_prefix() -> Iterator[tuple[str, str]]:
+    """``cluster_prefix()`` for sync code."""
+    url, prefix = _shared_cluster_and_new_prefix()
+    try:
+        yield url, prefix
+    finally:
+        delete_keys(url, prefix)
+
+
+def _shared_cluster_and_new_prefix() -> tuple[str, str]:
+    if REDIS_CLUSTER_URL is None:
+        unavailable("no Redis Cluster to test against (AGENTSTREAM_TEST_REDIS_CLUSTER)")
+    return str(REDIS_CLUSTER_URL), f"agentstream-test:{random.getrandbits(48):012x}"
+
+
+def delete_keys(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` of the cluster at ``url``, on every master."""
+    client = RedisCluster.from_url(url)
+    try:
+        for key in list(client.scan_iter(match=f"{prefix}:*", count=1000)):
+            client.delete(key)
+    finally:
+        client.close()
 
 
 def _port_free(port: int) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,12 +26,6 @@ from tests.unit.streaming.doubles import MemoryStore, done, stored
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 
 CONV = "conv_failover"
-
-
-@pytest.fixture(scope="module")
-def private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:
-    with PrivateCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
-        yield cluster
 
 
 def _chain(count: int) -> list[StoredEvent]:
