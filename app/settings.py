@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # streaming and runs
     sse_ping_seconds: float = Field(default=15.0, gt=0)
     stream_retention_s: int = Field(default=600, ge=1)
+    stream_linger_ms: float = Field(default=0.0, ge=0, le=1000)
+    """How long an answer token waits for the next to go out with it, as one event (not in
+    API.md; README "Capacity"): fewer events per token let one worker stream more runs at once,
+    at up to this much more latency per token. 0: each token goes out as it comes."""
     run_lease_s: float = Field(default=30.0, gt=0)
     shutdown_grace_s: float = Field(default=20.0, ge=0)
     run_max_attempts: int = Field(default=3, ge=1, le=100)

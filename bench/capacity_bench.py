@@ -148,7 +148,11 @@ def knee_of(levels: list[dict[str, Any]]) -> int | None:
 
 
 async def knee_agentstream(args: argparse.Namespace, workers: int) -> dict[str, Any]:
-    env = {"MAX_ACTIVE_RUNS": str(args.max_active_runs), "STREAM_RETENTION_S": "120"}
+    env = {
+        "MAX_ACTIVE_RUNS": str(args.max_active_runs),
+        "STREAM_RETENTION_S": "120",
+        "STREAM_LINGER_MS": str(args.linger_ms),
+    }
     probe = OUT_DIR / f"capacity_probe_{os.getpid()}.txt" if args.probe else None
     if probe is not None:
         OUT_DIR.mkdir(exist_ok=True)
@@ -386,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     k.add_argument("--past-knee", type=int, default=0, help="levels to run after the first that misses")
     k.add_argument("--max-active-runs", type=int, default=5000)
+    k.add_argument(
+        "--linger-ms", type=float, default=0.0, help="the workers' STREAM_LINGER_MS (answer tokens merged)"
+    )
     k.add_argument("--pin", choices=["auto", "none"], default="auto")
     k.add_argument(
         "--probe",

@@ -22,14 +22,13 @@ class Room:
         return max(0, self.limit - len(self._active) - self._reserved)
 
     @contextlib.contextmanager
-    def reserve(self) -> Iterator[bool]:
-        """Hold a place while a run is started or taken over here; yields whether there was one
-        (nothing is held then). An attempt launched meanwhile holds its place from then on."""
-        held = self.free() > 0
-        if held:
-            self._reserved += 1
+    def reserve(self, wanted: int = 1) -> Iterator[int]:
+        """Hold up to ``wanted`` places while runs are started or taken over here; yields how
+        many are held (0: none was free). An attempt launched meanwhile holds its place from
+        then on."""
+        held = min(wanted, self.free())
+        self._reserved += held
         try:
             yield held
         finally:
-            if held:
-                self._reserved -= 1
+            self._reserved -= held

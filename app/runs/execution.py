@@ -253,6 +253,7 @@ class Executor:
             run_id,
             last_id=last_id,
             retention_s=self.settings.stream_retention_s,
+            linger_ms=self.settings.stream_linger_ms,
             on_published=self._count_published,
             permanent_store_errors=(ConversationNotFoundError,),
             store_before_bus=self.settings.redis_url is None,

@@ -253,7 +253,9 @@ class RunManager:
                     model=self.executor.models.resolve((conversation.agent_config or {}).get("model")),
                     # The request's span: each attempt's span is its child, on whichever worker.
                     trace_parent=self.executor.tracing.traceparent(),
-                    admission=Admission(room, settings.max_active_runs_per_owner, settings.max_queued_runs)
+                    admission=Admission(
+                        room > 0, settings.max_active_runs_per_owner, settings.max_queued_runs
+                    )
                     if self.queue is not None
                     else None,
                     queued_event=queued_event,

@@ -293,38 +293,49 @@ class Takeover:
 
     async def start_queued(self) -> int:
         """Start queued runs, oldest first, while this worker has room (RUNS.md Q-01); how many.
-        Runs of owners at their cap wait, without holding up the others'."""
+        Runs of owners at their cap wait, without holding up the others'. Each pass claims as
+        many runs as there are free places in one transaction and starts them together."""
         if self.queue is None:
             return 0
         per_owner = self.settings.max_active_runs_per_owner
         started = 0
         while self.accepting() and (free := self.room.free()) > 0:
-            candidates = await self.queue.next(free, per_owner=per_owner)
-            # More may wait than this pass could take: look again when a place frees.
-            self._waiting_work = len(candidates) >= free
-            taken_here = 0
-            for run in candidates:
-                with self.room.reserve() as room:
-                    if not room or not self.accepting():
-                        self._waiting_work = True
-                        return started
-                    claimed = await self.queue.take(
-                        run, self.worker_id, self.settings.run_lease_s, per_owner=per_owner
-                    )
-                    if claimed is None:
-                        continue  # another worker took it, it was cancelled, or its owner is full now
-                    taken_here += 1
-                    try:
-                        await self._start(claimed)
-                    except BaseException:
-                        # Let it go at once for the next pass of any worker (as a released run).
-                        with contextlib.suppress(Exception):
-                            await self.runs.release(claimed.id, claimed.attempt, self.worker_id)
-                        raise
-            started += taken_here
-            if not taken_here:
-                return started  # nothing left, or every one went to other workers
+            # Claimed before places are held: a start that comes meanwhile finds this worker's
+            # room as it is, not taken by runs that may not be there.
+            claimed = await self.queue.take_next(
+                free, self.worker_id, self.settings.run_lease_s, per_owner=per_owner
+            )
+            # More may wait than this pass took (or, under owners' caps, wait for a run of
+            # theirs to end): look again when a place frees here.
+            self._waiting_work = len(claimed) >= free or per_owner is not None
+            with self.room.reserve(len(claimed)) as held:
+                if held < len(claimed) or not self.accepting():
+                    # Starts took places meanwhile, or this worker stops: the rest wait for another
+                    # pass of any worker, in their places.
+                    held = held if self.accepting() else 0
+                    self._waiting_work = True
+                    await self.queue.put_back(claimed[held:], self.worker_id)
+                    claimed = claimed[:held]
+                outcomes = await asyncio.gather(
+                    *(self._start_claimed(run) for run in claimed), return_exceptions=True
+                )
+            started += len(claimed)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            if len(claimed) < free:
+                return started  # nothing left for now, or the rest is another worker's
         return started
+
+    async def _start_claimed(self, run: RunRecord) -> None:
+        """``_start`` a run this worker claimed from the queue; if that fails, let it go at once
+        for the next pass of any worker (as a released run)."""
+        try:
+            await self._start(run)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.runs.release(run.id, run.attempt, self.worker_id)
+            raise
 
     async def _start(self, run: RunRecord) -> None:
         """The first attempt of ``run``, taken from the queue: it starts as any run starts (its

@@ -74,7 +74,8 @@ def stamp_after(event: EngineEvent, run_id: str, after: str) -> StoredEvent:
 class _PendingDelta:
     """Answer deltas merged while waiting for the sender; encoded when the sender takes them.
 
-    ``eager``: the tokens come slowly, so waiting for more would only add latency.
+    ``eager``: the tokens come slowly, so waiting for more would only add latency (unless the
+    publisher's ``linger_ms`` says to wait anyway).
     """
 
     __slots__ = ("eager", "id", "parts", "prev", "size")
@@ -95,6 +96,9 @@ class RunPublisher:
     once everything published (the ``done`` event included) is on the bus and in the store, then
     sets the stream to expire in ``retention_s``.
 
+    Answer deltas published close together merge into one event (``coalesce_ms``); with
+    ``linger_ms`` every delta waits that long for more to merge with it.
+
     With ``store_before_bus`` (an in-process bus, which dies with the process) every event is
     stored before it reaches the bus. The bus is retried for ``bus_retry_s`` per batch; past that
     the batch is left to the store and the following batches get one attempt each until the bus
@@ -114,6 +118,7 @@ class RunPublisher:
         last_id: str | None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         coalesce_ms: float = 2.0,
+        linger_ms: float = 0.0,
         on_published: Callable[[list[StoredEvent]], object] | None = None,
         retention_s: float = 600,
         bus_retry_s: float = 30.0,
@@ -132,6 +137,7 @@ class RunPublisher:
         self._last_id = last_id
         self._clock_ms = clock_ms
         self._coalesce_s = max(0.0, coalesce_ms / 1000)
+        self._linger_s = max(0.0, linger_ms / 1000)
         self._on_published = on_published
         self._retention_s = retention_s
         self._bus_retry_s = bus_retry_s
@@ -419,11 +425,21 @@ class RunPublisher:
                 await self._bus_wake.wait()
                 continue
             tail = self._pending[-1]
-            if self._coalesce_s and not self._urgent and type(tail) is _PendingDelta and not tail.eager:
-                # Tokens are coming fast: a short window in which more merge into this delta.
-                wait = self._pending_since + self._coalesce_s - time.monotonic()
+            if not self._urgent and type(tail) is _PendingDelta:
+                # Tokens coming fast merge for ``coalesce_ms``; any token waits ``linger_ms`` for the
+                # next to merge with it (fewer events per token: the bus, the store and every
+                # client's socket do less for each).
+                window = max(self._linger_s, 0.0 if tail.eager else self._coalesce_s)
+                wait = self._pending_since + window - time.monotonic()
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    # Cut short by anything that must not wait: another event, a flush, the done.
+                    self._bus_wake.clear()
+                    timer = asyncio.get_running_loop().call_later(wait, self._bus_wake.set)
+                    try:
+                        await self._bus_wake.wait()
+                    finally:
+                        timer.cancel()
+                    continue
             self._sending = True
             batch = self._take()
             if not self._writer.dead:

@@ -27,6 +27,8 @@ from redis.exceptions import RedisError, ResponseError
 from app.streaming.bus import BusClosedError, BusUnavailableError, StoredEvent
 from app.streaming.redis_keys import RedisKeys
 from app.streaming.redis_streams import (
+    LINGER_BELOW,
+    LINGER_S,
     PAGE,
     Append,
     Follower,
@@ -156,10 +158,14 @@ class _StreamReader:
             if not reply:
                 continue
             limit = bus.follower_buffer
+            read = 0
             for key, entries in reply:
                 sub = self._by_key.get(key)
                 if sub is not None and entries:
                     sub.deliver(_raw_events(entries), limit)
+                    read += len(entries)
+            if read < LINGER_BELOW:
+                await asyncio.sleep(LINGER_S)
 
     @property
     def _read_timeout_s(self) -> float:

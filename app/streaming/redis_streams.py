@@ -44,6 +44,15 @@ clients that stopped reading an 8 MiB answer cost the worker about 200 MB of RSS
 (answer deltas merge into large events, so an entry may be far larger than a token)."""
 
 
+LINGER_S = 0.001
+"""After a small round (a read or a write of fewer than ``LINGER_BELOW`` entries), the reader and
+the writer wait this long before the next, so that under a steady load of slow tokens one round
+trip carries many of them instead of one each (a round trip, and its reply's parsing, cost far
+more than an entry). An entry that comes meanwhile waits at most this long; one that comes to an
+idle reader or writer does not wait at all."""
+LINGER_BELOW = 32
+
+
 def stored_events(entries: Sequence[tuple[str, dict[str, str]]]) -> list[StoredEvent]:
     """Entries as redis-py returns them (``XRANGE``, ``XREAD``): ``(id, {field: value})``."""
     return [StoredEvent(i, f["event"], f["data"], f["run_id"], f.get("prev")) for i, f in entries]
@@ -98,30 +107,34 @@ class StreamWriter:
         raise NotImplementedError
 
     async def _run(self) -> None:
-        while True:
-            if not self._queue:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            batch, self._queue = self._queue, []
-            try:
-                errors = await self._write(
-                    [(conversation_id, events) for conversation_id, events, _ in batch]
-                )
-            except asyncio.CancelledError:
-                self._fail(batch, BusClosedError("the event bus is closed"))
-                self._fail(self._queue, BusClosedError("the event bus is closed"))
-                raise
-            except self.unreachable as exc:
-                log.warning("stream writer lost Redis", extra={"error": str(exc)})
-                self._fail(batch, BusUnavailableError(f"cannot append to Redis: {exc}"))
-                continue
-            for (_, _, future), error in zip(batch, errors, strict=True):
-                if not future.done():
-                    if error is None:
-                        future.set_result(None)
-                    else:
-                        future.set_exception(error)
+        batch: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]] = []
+        try:
+            while True:
+                if not self._queue:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                batch, self._queue = self._queue, []
+                try:
+                    errors = await self._write(
+                        [(conversation_id, events) for conversation_id, events, _ in batch]
+                    )
+                except self.unreachable as exc:
+                    log.warning("stream writer lost Redis", extra={"error": str(exc)})
+                    self._fail(batch, BusUnavailableError(f"cannot append to Redis: {exc}"))
+                    continue
+                for (_, _, future), error in zip(batch, errors, strict=True):
+                    if not future.done():
+                        if error is None:
+                            future.set_result(None)
+                        else:
+                            future.set_exception(error)
+                if len(batch) < LINGER_BELOW:
+                    await asyncio.sleep(LINGER_S)
+        except asyncio.CancelledError:
+            self._fail(batch, BusClosedError("the event bus is closed"))
+            self._fail(self._queue, BusClosedError("the event bus is closed"))
+            raise
 
     @staticmethod
     def _fail(batch: list[tuple[str, Sequence[StoredEvent], asyncio.Future[None]]], error: Exception) -> None:

@@ -9,14 +9,17 @@ import asyncio
 
 import orjson
 import pytest
+from sqlalchemy import func, select, text
 
 from app.db.errors import QueueFullError
+from app.db.models import Run
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
-from app.db.repositories.queue import Admission, RunQueue
+from app.db.repositories.queue import QUEUE_LOCK, Admission, RunQueue
 from app.db.session import Database
 from app.engine.events import RunQueued
 from app.streaming.bus import StoredEvent
 from app.streaming.publisher import stamp_after
+from tests.support.server import async_wait_until
 
 
 @pytest.fixture
@@ -108,7 +111,7 @@ async def test_a_start_with_room_queues_behind_runs_that_queue_already(
 
     assert (first.status, second.status) == ("queued", "queued")
     assert [await position(database, first), await position(database, second)] == [1, 2]
-    assert [r.id for r in await queue.next(10)] == [first.id, second.id]
+    assert [r.id for r in await queue.take_next(10, "w1", 30)] == [first.id, second.id]
 
 
 async def test_a_full_queue_refuses_a_start_and_stores_nothing_of_it(
@@ -127,7 +130,7 @@ async def test_a_full_queue_refuses_a_start_and_stores_nothing_of_it(
     # With room, it would still queue behind the one waiting: refused too, until that one starts.
     with pytest.raises(QueueFullError):
         await start_in(runs, conv, room=True, max_queued=1)
-    assert await queue.take(waiting, "w1", 30) is not None
+    assert [r.id for r in await queue.take_next(5, "w1", 30)] == [waiting.id]
     assert (await start_in(runs, conv, room=True, max_queued=1)).status == "running"
 
 
@@ -145,21 +148,86 @@ async def test_concurrent_starts_never_queue_more_than_the_bound(
     assert await queue.length() == 3
 
 
+async def test_queued_starts_far_from_the_bound_do_not_wait_for_each_other_but_one_near_it_does(
+    database: Database, runs: RunRepo, queue: RunQueue, database_backend: str
+) -> None:
+    if database_backend != "postgres":
+        pytest.skip("SQLite has one writer at a time: starts wait for each other there anyway")
+
+    async def waiting_for_the_queue_lock() -> bool:
+        async with database.sessionmaker() as session:
+            waiting = select(func.count()).select_from(text("pg_locks"))
+            return bool(await session.scalar(waiting.where(text("locktype = 'advisory' AND NOT granted"))))
+
+    async with database.sessionmaker.begin() as other:
+        # A queued start far from the bound, not yet committed: it holds the queue's lock shared.
+        await other.execute(select(func.pg_advisory_xact_lock_shared(QUEUE_LOCK, func.hashtext(""))))
+
+        far = await asyncio.wait_for(start(database, runs, room=False, max_queued=100_000), timeout=10)
+
+        assert far.status == "queued"
+        # Near the bound (within the server's max_connections of it) a start counts alone.
+        near = asyncio.create_task(start(database, runs, room=False, max_queued=5))
+        await async_wait_until(waiting_for_the_queue_lock, what="the near start waiting for the lock")
+        assert not near.done()
+    assert (await asyncio.wait_for(near, timeout=10)).status == "queued"
+    assert await queue.length() == 2
+
+
 async def test_queued_runs_are_taken_oldest_first_each_by_exactly_one_worker(
     database: Database, runs: RunRepo, queue: RunQueue
 ) -> None:
+    queued = [await start(database, runs, room=False) for _ in range(5)]
+
+    first = await queue.take_next(2, "w1", 30)
+
+    assert [r.id for r in first] == [r.id for r in queued[:2]]
+    for run in first:
+        assert (run.status, run.worker_id, run.attempt, run.lease_expires_at is not None) == (
+            "running",
+            "w1",
+            1,
+            True,
+        )
+    # Four workers with room for two each, at once: the three left are taken, each by one of them.
+    batches = await asyncio.gather(*(queue.take_next(2, f"w{i}", 30) for i in range(2, 6)))
+    taken = [run.id for batch in batches for run in batch]
+    assert sorted(taken) == sorted(r.id for r in queued[2:])
+    assert await queue.length() == 0
+    assert await queue.take_next(2, "w6", 30) == []
+
+
+async def test_runs_taken_but_not_started_are_put_back_in_their_places(
+    database: Database, runs: RunRepo, queue: RunQueue
+) -> None:
     queued = [await start(database, runs, room=False) for _ in range(3)]
-    assert [r.id for r in await queue.next(10)] == [r.id for r in queued]
-    assert [r.id for r in await queue.next(2)] == [r.id for r in queued[:2]]
+    taken = await queue.take_next(3, "w1", 30)
 
-    taken = await asyncio.gather(*(queue.take(queued[0], f"w{i}", 30) for i in range(1, 5)))
+    await queue.put_back(taken[1:], "w2")  # not w2's: nothing happens
+    assert await queue.length() == 0
+    await queue.put_back(taken[1:], "w1")
 
-    winners = [t for t in taken if t is not None]
-    assert len(winners) == 1
-    winner = winners[0]
-    assert (winner.status, winner.attempt, winner.lease_expires_at is not None) == ("running", 1, True)
-    assert winner.worker_id in {"w1", "w2", "w3", "w4"}
-    assert [r.id for r in await queue.next(10)] == [r.id for r in queued[1:]]
+    assert await queue.length() == 2
+    back = await runs.get_any(queued[1].id)
+    assert back is not None and (back.status, back.worker_id, back.lease_expires_at) == ("queued", None, None)
+    later = await start(database, runs, room=False)
+    assert [r.id for r in await queue.take_next(5, "w3", 30)] == [queued[1].id, queued[2].id, later.id]
+
+
+async def test_a_worker_skips_the_queued_runs_another_one_is_taking_instead_of_waiting_for_them(
+    database: Database, runs: RunRepo, queue: RunQueue, database_backend: str
+) -> None:
+    if database_backend != "postgres":
+        pytest.skip("SQLite has one writer at a time: there is no other taker to skip")
+    queued = [await start(database, runs, room=False) for _ in range(3)]
+    async with database.sessionmaker.begin() as other:
+        # Another worker's claim of the oldest, not yet committed.
+        await other.execute(select(Run.id).where(Run.id == queued[0].id).with_for_update())
+
+        taken = await asyncio.wait_for(queue.take_next(5, "w1", 30), timeout=10)
+
+        assert [r.id for r in taken] == [r.id for r in queued[1:]]
+    assert [r.id for r in await queue.take_next(5, "w2", 30)] == [queued[0].id]
 
 
 async def test_an_owner_at_its_cap_queues_without_holding_up_other_owners(
@@ -171,8 +239,7 @@ async def test_an_owner_at_its_cap_queues_without_holding_up_other_owners(
 
     assert (alice_running.status, alice_waits.status, bob.status) == ("running", "queued", "running")
     # Alice's queued run waits for her, not for room: no worker takes it while she is at her cap.
-    assert await queue.next(10, per_owner=1) == []
-    assert await queue.take(alice_waits, "w1", 30, per_owner=1) is None
+    assert await queue.take_next(10, "w1", 30, per_owner=1) == []
     assert (await runs.get_any(alice_waits.id)).status == "queued"  # type: ignore[union-attr]
 
     await runs.finish(
@@ -185,9 +252,8 @@ async def test_an_owner_at_its_cap_queues_without_holding_up_other_owners(
         error=None,
         pending_injections=[],
     )
-    assert [r.id for r in await queue.next(10, per_owner=1)] == [alice_waits.id]
-    taken = await queue.take(alice_waits, "w1", 30, per_owner=1)
-    assert taken is not None and taken.status == "running"
+    (taken,) = await queue.take_next(10, "w1", 30, per_owner=1)
+    assert (taken.id, taken.status) == (alice_waits.id, "running")
 
 
 async def test_a_new_run_of_an_owner_back_under_its_cap_queues_behind_that_owners_queued_runs(
@@ -210,11 +276,28 @@ async def test_workers_taking_one_owners_runs_at_once_never_pass_its_cap(
 ) -> None:
     queued = [await start(database, runs, "alice", room=False, per_owner=2) for _ in range(5)]
 
-    taken = await asyncio.gather(*(queue.take(run, f"w{i}", 30, per_owner=2) for i, run in enumerate(queued)))
+    batches = await asyncio.gather(*(queue.take_next(1, f"w{i}", 30, per_owner=2) for i in range(5)))
 
-    assert len([t for t in taken if t is not None]) == 2
+    assert len([run for batch in batches for run in batch]) == 2
     counts = await runs.counts_by_status()
     assert (counts["running"], counts["queued"]) == (2, 3)
+    assert {r.id for batch in batches for r in batch} <= {r.id for r in queued}
+
+
+async def test_one_batch_takes_no_more_of_an_owners_runs_than_its_cap_and_puts_the_rest_back(
+    database: Database, runs: RunRepo, queue: RunQueue
+) -> None:
+    alice = [await start(database, runs, "alice", room=False, per_owner=2) for _ in range(4)]
+    bob = await start(database, runs, "bob", room=False, per_owner=2)
+
+    taken = await queue.take_next(10, "w1", 30, per_owner=2)
+
+    assert [r.id for r in taken] == [alice[0].id, alice[1].id, bob.id]
+    for run in alice[2:]:
+        back = await runs.get_any(run.id)
+        assert back is not None
+        assert (back.status, back.worker_id, back.lease_expires_at) == ("queued", None, None)
+    assert await queue.length() == 2
 
 
 async def test_a_cancelled_queued_run_is_left_for_a_claim_to_close(
@@ -230,5 +313,5 @@ async def test_a_cancelled_queued_run_is_left_for_a_claim_to_close(
     assert [r.id for r in await runs.claimable("w1")] == [queued.id]
     claimed = await runs.claim(run, "w1", 30, lost=False)
     assert claimed is not None and claimed.attempt == 1  # never started: the closing claim is its first
-    assert await queue.take(queued, "w2", 30) is None  # no longer queued
+    assert await queue.take_next(5, "w2", 30) == []  # no longer queued
     assert await queue.length() == 0

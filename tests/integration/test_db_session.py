@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 
 from app.db.session import Database
 from tests.integration.conftest import PostgresServer, run_in_own_loop
+from tests.support.server import async_wait_until
 
 
 async def test_ping_is_true_on_a_reachable_database(database: Database) -> None:
@@ -73,6 +74,20 @@ async def test_postgres_pool_survives_the_server_closing_its_connections(
                 await conn.close()
 
         assert run_in_own_loop(terminate_every_session) >= 1
+
+        async def all_ended() -> bool:
+            conn = await asyncpg.connect(postgres_server.dsn(database_name))
+            try:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                return int(left) == 0
+            finally:
+                await conn.close()
+
+        # pg_terminate_backend only signals: the server has closed them once their processes are gone.
+        await async_wait_until(all_ended, what="the terminated sessions to end")
 
         async with db.sessionmaker() as session:
             assert await session.scalar(text("SELECT 1")) == 1

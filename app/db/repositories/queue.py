@@ -4,9 +4,16 @@ runs a worker with room takes, oldest first.
 A run queues when the worker that takes its start is full, when its owner holds
 ``MAX_ACTIVE_RUNS_PER_OWNER`` running runs, or when runs queue already (they go first). A queued
 run is a row held by no worker; whichever worker has room takes it (``RunQueue.take``), the
-database deciding between workers. On PostgreSQL an owner's running runs, and the queue's length,
-are counted under a transaction-scoped advisory lock, so that two workers starting or taking runs
-of one owner at once cannot both pass its cap; SQLite has one writer at a time anyway.
+database deciding between workers: a worker claims a batch of them in one statement, skipping
+rows another worker is claiming (``RunQueue.take_next``). On PostgreSQL an owner's running runs are
+counted under a transaction-scoped advisory lock, so that two workers starting or taking runs of one
+owner at once cannot both pass its cap; SQLite has one writer at a time anyway.
+
+The queue's bound (``check_bound``) is exact without making every queued start of the service wait
+for the one before it: far from the bound, starts count under a *shared* lock, concurrently; near
+it (within the server's ``max_connections``, the most transactions that can be in flight at once,
+each adding at most one run), a start counts under the *exclusive* lock, after every start in
+flight has committed.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, func, select, update
+from sqlalchemy import Integer, Select, and_, bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import QueueFullError
@@ -28,6 +35,11 @@ QUEUE_LOCK = 0x4153_0002
 """Advisory-lock class of the queue's length (MAX_QUEUED_RUNS)."""
 
 _QUEUED = select(func.count()).select_from(_runs).where(_runs.c.status == "queued")
+_QUEUED_AND_SLACK = (
+    select(func.count(), func.current_setting("max_connections").cast(Integer))
+    .select_from(_runs)
+    .where(_runs.c.status == "queued")
+)
 _OWNER_RUNNING = (
     select(func.count())
     .select_from(_runs)
@@ -50,17 +62,19 @@ class Admission:
     max_queued: int = 10_000
 
 
-class _Refused(Exception):
-    """Undoes a take whose owner turned out to be at its cap."""
+class NearBound(Exception):
+    """A queued start counted the queue under the shared lock and found it near its bound: start
+    again, counting under the exclusive lock (``check_bound(..., exclusive=True)``)."""
 
 
 def _postgres(session: AsyncSession) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
-async def _lock(session: AsyncSession, kind: int, key: str) -> None:
+async def _lock(session: AsyncSession, kind: int, key: str, *, shared: bool = False) -> None:
     if _postgres(session):
-        await session.execute(select(func.pg_advisory_xact_lock(kind, func.hashtext(key))))
+        take = func.pg_advisory_xact_lock_shared if shared else func.pg_advisory_xact_lock
+        await session.execute(select(take(kind, func.hashtext(key))))
 
 
 async def admit(session: AsyncSession, run_id: str, owner: str, admission: Admission) -> int | None:
@@ -80,13 +94,24 @@ async def admit(session: AsyncSession, run_id: str, owner: str, admission: Admis
     return ahead + 1
 
 
-async def check_bound(session: AsyncSession, max_queued: int) -> None:
+async def check_bound(session: AsyncSession, max_queued: int, *, exclusive: bool = False) -> None:
     """Last in a queued start's transaction: raises ``QueueFullError`` (the transaction keeps
-    nothing) if more than ``max_queued`` runs would wait with it (Q-02). On PostgreSQL counted
-    under a lock held only until the commit that follows, so that starts queueing at once are
-    counted one after the other."""
-    await _lock(session, QUEUE_LOCK, "")
-    if (await session.scalar(_QUEUED) or 0) > max_queued:  # this run's row counts
+    nothing) if more than ``max_queued`` runs would wait with it (Q-02).
+
+    On PostgreSQL the count is taken under ``QUEUE_LOCK``, held until the commit that follows.
+    Shared (``exclusive`` false), starts count at once, so the count is exact only as long as the
+    starts in flight cannot pass the bound together: if the queue, with one run more for every
+    connection the server allows, could, this raises ``NearBound`` and the start must be made
+    again with ``exclusive``, which waits for the shared holders to commit and keeps new ones out
+    until its own commit."""
+    if not _postgres(session):  # one writer at a time: the count is exact
+        queued = await session.scalar(_QUEUED) or 0
+    else:
+        await _lock(session, QUEUE_LOCK, "", shared=not exclusive)
+        queued, slack = (await session.execute(_QUEUED_AND_SLACK)).one()
+        if not exclusive and queued + slack > max_queued:
+            raise NearBound
+    if queued > max_queued:  # this run's row counts
         raise QueueFullError(max_queued)
 
 
@@ -104,50 +129,98 @@ def _full_owners(per_owner: int, *, but: str | None = None) -> Select[Any]:
     return select(Run.owner).where(running).group_by(Run.owner).having(func.count() >= per_owner)
 
 
+async def _within_caps(session: AsyncSession, taken: list[RunRecord], per_owner: int) -> list[RunRecord]:
+    """Of the runs just taken (``RunQueue.take_next``), those that keep their owners within
+    ``per_owner`` running runs, oldest first; the others are queued again in this transaction."""
+    owners = sorted({run.owner for run in taken})
+    for owner in owners:  # in one order: two workers' batches never wait for each other's locks
+        await _lock(session, OWNER_LOCK, owner)
+    counted = select(_runs.c.owner, func.count()).where(
+        _runs.c.owner.in_(owners), _runs.c.status == "running"
+    )
+    running: dict[str, int] = {
+        owner: count for owner, count in await session.execute(counted.group_by(_runs.c.owner))
+    }
+    for run in taken:  # counted above already: what the owner ran before this batch
+        running[run.owner] -= 1
+    kept: list[RunRecord] = []
+    for run in taken:
+        if running[run.owner] < per_owner:
+            running[run.owner] += 1
+            kept.append(run)
+    if len(kept) < len(taken):
+        kept_ids = {run.id for run in kept}
+        back = [run.id for run in taken if run.id not in kept_ids]
+        await session.execute(
+            update(_runs)
+            .where(_runs.c.id.in_(back))
+            .values(status="queued", worker_id=None, lease_expires_at=None)
+        )
+    return kept
+
+
 class RunQueue:
     """The queued runs, across every worker."""
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
 
-    async def next(self, limit: int, *, per_owner: int | None = None) -> list[RunRecord]:
-        """Up to ``limit`` queued runs, oldest first, those of owners at their cap left out."""
-        query = select(Run).where(Run.status == "queued")
-        if per_owner is not None:
-            query = query.where(Run.owner.not_in(_full_owners(per_owner)))
-        query = query.order_by(Run.created_at, Run.id).limit(max(0, limit))
-        async with self._sessionmaker() as session:
-            return [_run_record(row) for row in await session.scalars(query)]
+    async def take_next(
+        self, limit: int, worker_id: str, lease_s: float, *, per_owner: int | None = None
+    ) -> list[RunRecord]:
+        """Start up to ``limit`` queued runs on ``worker_id`` (their first attempts), oldest
+        first, in one transaction; the runs taken, oldest first.
 
-    async def take(
-        self, run: RunRecord, worker_id: str, lease_s: float, *, per_owner: int | None = None
-    ) -> RunRecord | None:
-        """Start queued ``run`` on ``worker_id`` (its first attempt): None if another worker took
-        it first, it was cancelled, or its owner is at its cap now."""
-        now = utcnow()
-        try:
-            async with self._sessionmaker.begin() as session:
-                if per_owner is not None:
-                    await _lock(session, OWNER_LOCK, run.owner)
-                result = await session.execute(
-                    update(Run)
-                    .where(Run.id == run.id, Run.status == "queued")
-                    .values(
-                        status="running",
-                        worker_id=worker_id,
-                        lease_expires_at=now + timedelta(seconds=lease_s),
-                    )
+        Runs another worker is taking right now are skipped, not waited for (PostgreSQL's
+        ``SKIP LOCKED``; SQLite has one writer): workers taking at once take different runs. Runs of
+        owners at their cap are left out, and no owner passes ``per_owner`` running runs: the
+        runs of one owner beyond its cap in this batch are put back, counted under the owner's
+        lock as ``admit`` counts them."""
+        if limit <= 0:
+            return []
+        queued = select(_runs.c.id).where(_runs.c.status == "queued")
+        if per_owner is not None:
+            queued = queued.where(_runs.c.owner.not_in(_full_owners(per_owner)))
+        # A CTE, not ``IN (subquery)``: PostgreSQL may run such a subquery again for each row it
+        # updates, each run locking the next oldest (an UPDATE of more rows than ``limit``).
+        oldest = (
+            queued.order_by(_runs.c.created_at, _runs.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("oldest")
+            .prefix_with("MATERIALIZED")
+        )
+        claim = (
+            update(_runs)
+            .where(_runs.c.id.in_(select(oldest.c.id)), _runs.c.status == "queued")
+            .values(
+                status="running", worker_id=worker_id, lease_expires_at=utcnow() + timedelta(seconds=lease_s)
+            )
+            .returning(*_runs.c)
+        )
+        async with self._sessionmaker.begin() as session:
+            taken = sorted(
+                (_run_record(row) for row in await session.execute(claim)), key=lambda r: (r.created_at, r.id)
+            )
+            if per_owner is None or not taken:
+                return taken
+            return await _within_caps(session, taken, per_owner)
+
+    async def put_back(self, runs: list[RunRecord], worker_id: str) -> None:
+        """Queue again runs that ``take_next`` just gave ``worker_id`` and that it did not start
+        (its room filled meanwhile); they keep their place (their age)."""
+        if not runs:
+            return
+        async with self._sessionmaker.begin() as session:
+            await session.execute(
+                update(_runs)
+                .where(
+                    _runs.c.id.in_([run.id for run in runs]),
+                    _runs.c.worker_id == worker_id,
+                    _runs.c.status == "running",
                 )
-                if not result.rowcount:  # type: ignore[attr-defined]
-                    return None
-                if per_owner is not None:
-                    running = await session.scalar(_OWNER_RUNNING, {"b_owner": run.owner}) or 0
-                    if running > per_owner:  # this run's row counts
-                        raise _Refused
-                row = (await session.execute(select(_runs).where(_runs.c.id == run.id))).one()
-                return _run_record(row)
-        except _Refused:
-            return None
+                .values(status="queued", worker_id=None, lease_expires_at=None)
+            )
 
     async def length(self) -> int:
         async with self._sessionmaker() as session:

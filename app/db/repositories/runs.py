@@ -23,7 +23,7 @@ from app.db.models import (
     ToolEffect,
     utcnow,
 )
-from app.db.repositories.queue import Admission, admit, check_bound
+from app.db.repositories.queue import Admission, NearBound, admit, check_bound
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     _TOUCH_CONVERSATION,
@@ -178,65 +178,83 @@ class RunRepo:
         the conversation does not exist, and ``QueueFullError`` if the run would queue but the
         queue is full (Q-02); nothing is stored then.
         """
-        row = self._new_row(
-            conversation_id,
-            owner,
-            message,
-            worker_id,
-            lease_s,
-            start_cursor,
-            model=model,
-            trace_parent=trace_parent,
-        )
-        try:
-            async with self._sessionmaker.begin() as session:
-                await session.execute(insert(_runs), row)  # the one-active-run index decides here
-                position = (
-                    await admit(session, row["id"], owner, admission) if admission is not None else None
-                )
-                if position is not None:
-                    row.update(status="queued", worker_id=None, lease_expires_at=None)
-                # The conversation's row locked before anything of it is read (FollowUpRepo takes
-                # the same lock): follow-ups accepted after the previous run took its last ones,
-                # and kept nowhere since, join the history now, before the question, so that the
-                # run's queue holds only what comes after its start.
-                await session.execute(
-                    _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
-                )
-                look = (await session.execute(_START_LOOK, {"b_conversation": conversation_id})).one()
-                cursor = later_cursor(start_cursor, look.last_event)
-                if cursor != start_cursor:
-                    row["start_cursor"] = cursor
-                    await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
-                late = (
-                    list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
-                    if look.follow_ups
-                    else []
-                )
-                before = [
-                    *prior,
-                    *follow_up_messages([row.content for row in sorted(late, key=lambda r: r.id)]),
-                ]
-                if before:
-                    await _append_messages(session, conversation_id, None, before, locked=True)
-                history, next_seq = await _history_and_next_seq(session, conversation_id)
-                await _append_messages(
-                    session,
-                    conversation_id,
-                    row["id"],
-                    [ChatMessage(role="user", content=message)],
-                    locked=True,
-                    first_seq=next_seq,
-                )
-                if position is not None and admission is not None:
-                    if queued_event is not None:
-                        event = queued_event(row["id"], cursor, position)
-                        if not await _insert_events(session, [_event_row(conversation_id, event)]):
-                            raise EventIdTakenError(event.id)
-                    await check_bound(session, admission.max_queued)
-        except IntegrityError:
-            await self._explain_conflict(conversation_id)
-        return RunRecord(**row), history
+        for exclusive in (False, True):  # a start near the queue's bound is made again (check_bound)
+            row = self._new_row(
+                conversation_id,
+                owner,
+                message,
+                worker_id,
+                lease_s,
+                start_cursor,
+                model=model,
+                trace_parent=trace_parent,
+            )
+            try:
+                history = await self._insert_start(row, prior, admission, queued_event, exclusive=exclusive)
+            except NearBound:
+                continue
+            except IntegrityError:
+                await self._explain_conflict(conversation_id)
+            return RunRecord(**row), history
+        raise AssertionError("an exclusive check_bound does not raise NearBound")
+
+    async def _insert_start(
+        self,
+        row: dict[str, Any],
+        prior: Sequence[ChatMessage],
+        admission: Admission | None,
+        queued_event: Callable[[str, str, int], StoredEvent] | None,
+        *,
+        exclusive: bool,
+    ) -> list[ChatMessage]:
+        """``start``'s transaction: stores new run ``row`` (updated in place if it queues) and
+        returns its history."""
+        conversation_id, owner, message = row["conversation_id"], row["owner"], row["message"]
+        start_cursor = row["start_cursor"]
+        async with self._sessionmaker.begin() as session:
+            await session.execute(insert(_runs), row)  # the one-active-run index decides here
+            position = await admit(session, row["id"], owner, admission) if admission is not None else None
+            if position is not None:
+                row.update(status="queued", worker_id=None, lease_expires_at=None)
+            # The conversation's row locked before anything of it is read (FollowUpRepo takes
+            # the same lock): follow-ups accepted after the previous run took its last ones,
+            # and kept nowhere since, join the history now, before the question, so that the
+            # run's queue holds only what comes after its start.
+            await session.execute(
+                _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
+            )
+            look = (await session.execute(_START_LOOK, {"b_conversation": conversation_id})).one()
+            cursor = later_cursor(start_cursor, look.last_event)
+            if cursor != start_cursor:
+                row["start_cursor"] = cursor
+                await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
+            late = (
+                list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
+                if look.follow_ups
+                else []
+            )
+            before = [
+                *prior,
+                *follow_up_messages([row.content for row in sorted(late, key=lambda r: r.id)]),
+            ]
+            if before:
+                await _append_messages(session, conversation_id, None, before, locked=True)
+            history, next_seq = await _history_and_next_seq(session, conversation_id)
+            await _append_messages(
+                session,
+                conversation_id,
+                row["id"],
+                [ChatMessage(role="user", content=message)],
+                locked=True,
+                first_seq=next_seq,
+            )
+            if position is not None and admission is not None:
+                if queued_event is not None:
+                    event = queued_event(row["id"], cursor, position)
+                    if not await _insert_events(session, [_event_row(conversation_id, event)]):
+                        raise EventIdTakenError(event.id)
+                await check_bound(session, admission.max_queued, exclusive=exclusive)
+        return history
 
     async def get(self, owner: str, run_id: str) -> RunRecord | None:
         """The run if ``owner`` owns it; None otherwise."""

@@ -176,6 +176,35 @@ def test_a_run_queued_on_a_full_worker_is_taken_at_once_by_another_with_room(
     assert names[0] == "queued" and "resumed" not in names
 
 
+@TWO_WORKERS
+def test_a_worker_with_room_takes_as_many_queued_runs_as_it_has_places_at_once_and_no_more(
+    start_service: Callable[..., ServerThread],
+    gated_llm: FakeLLM,
+    clients: Callable[..., Api],
+    migrated_database_url: str,
+) -> None:
+    full = start_service(max_active_runs=1, run_lease_s=30.0)
+    api = clients(full.base_url)
+    gated_llm.agent.close_gate()
+    first = started(api, api.create_conversation(), "first question", "running")
+    wait_until(lambda: gated_llm.agent.loop_calls >= 1, what="the first run at work")
+    queued = [started(api, api.create_conversation(), f"queued {i}", "queued") for i in range(6)]
+
+    roomy = start_service(max_active_runs=4, run_lease_s=30.0)
+    other = clients(roomy.base_url)
+
+    wait_until(lambda: gated_llm.agent.loop_calls >= 5, what="the new worker to start four runs")
+    capacity = other.http.get("/readyz").json()["capacity"]
+    assert (capacity["active_runs"], capacity["room"], capacity["queued"]) == (4, 0, 2)
+    holders = [holder(migrated_database_url, run) for run in queued]
+    assert holders[:4] == [roomy.services.manager.worker_id] * 4  # the oldest four, oldest first
+    assert [api.run(run)["status"] for run in queued[4:]] == ["queued", "queued"]
+    gated_llm.agent.gate.set()
+    finished = [api.wait_finished(run) for run in (first, *queued)]
+    assert [(r["status"], r["attempt"]) for r in finished] == [("completed", 1)] * 7
+    assert [api.events(run)[-1]["data"]["answer"] for run in queued] == [gated_llm.agent.answer] * 6
+
+
 @ONE_WORKER
 def test_an_owner_at_the_cap_queues_without_holding_up_another_owners_runs(
     start_service: Callable[..., ServerThread],

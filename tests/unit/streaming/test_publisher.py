@@ -78,6 +78,29 @@ async def test_deltas_published_while_a_send_is_in_flight_merge_into_one_exact_d
     assert ids_increase(events)
 
 
+async def test_with_a_linger_slow_tokens_wait_for_the_next_and_anything_else_ends_the_wait() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    # Every token comes "slowly" (coalesce 0), and would go out alone but for the linger.
+    pub = publisher(bus, store, coalesce_ms=0, linger_ms=60_000)
+    await pub.publish(AnswerStarted())
+    await wait_until(lambda: len(bus.appends) == 1)
+    await pub.publish(AnswerDelta("a"))
+    for _ in range(20):  # the send loop gets every chance to send it, and holds it
+        await asyncio.sleep(0)
+    assert len(bus.appends) == 1
+    await pub.publish(AnswerDelta("b"))
+    await asyncio.wait_for(pub.flush(), timeout=5)  # a flush does not wait out the linger
+    await pub.publish(AnswerDelta("c"))
+    await pub.publish(AnswerDelta("d"))
+    await asyncio.wait_for(pub.publish(run_done("abcd")), timeout=5)
+    await asyncio.wait_for(pub.close(), timeout=5)  # nor does the done
+
+    events = await bus.read_after(CONV, "0-0")
+    contents = [orjson.loads(e.data).get("content") for e in events]
+    assert contents == [None, "ab", "cd", None]
+    assert [e.event for e in store.all(CONV)] == [e.event for e in events]
+
+
 async def test_merged_deltas_stop_growing_at_the_size_cap() -> None:
     bus, store = ScriptedBus(), MemoryStore()
     bus.gate = asyncio.Event()
