@@ -299,23 +299,18 @@ class Takeover:
             return 0
         per_owner = self.settings.max_active_runs_per_owner
         started = 0
+        more: bool | None = None  # whether more runs may wait than this worker had places for
         while self.accepting() and (free := self.room.free()) > 0:
-            # Claimed before places are held: a start that comes meanwhile finds this worker's
-            # room as it is, not taken by runs that may not be there.
-            claimed = await self.queue.take_next(
-                free, self.worker_id, self.settings.run_lease_s, per_owner=per_owner
-            )
-            # More may wait than this pass took (or, under owners' caps, wait for a run of
-            # theirs to end): look again when a place frees here.
-            self._waiting_work = len(claimed) >= free or per_owner is not None
-            with self.room.reserve(len(claimed)) as held:
-                if held < len(claimed) or not self.accepting():
-                    # Starts took places meanwhile, or this worker stops: the rest wait for another
-                    # pass of any worker, in their places.
-                    held = held if self.accepting() else 0
-                    self._waiting_work = True
-                    await self.queue.put_back(claimed[held:], self.worker_id)
-                    claimed = claimed[:held]
+            # Places are held only for runs that wait: a start that comes meanwhile finds this
+            # worker's room as it is (with runs waiting, it would queue behind them anyway).
+            waiting = await self.queue.waiting(free, per_owner=per_owner)
+            more = waiting >= free
+            with self.room.reserve(waiting) as places:
+                if not places or not self.accepting():
+                    break
+                claimed = await self.queue.take_next(
+                    places, self.worker_id, self.settings.run_lease_s, per_owner=per_owner
+                )
                 outcomes = await asyncio.gather(
                     *(self._start_claimed(run) for run in claimed), return_exceptions=True
                 )
@@ -323,8 +318,12 @@ class Takeover:
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
-            if len(claimed) < free:
-                return started  # nothing left for now, or the rest is another worker's
+            if not claimed:
+                break  # the runs that wait are another worker's, being taken right now
+        if more is not None:
+            # Runs may still wait for a place here, or (under owners' caps) for a run of their
+            # owner's to end somewhere: then a place that frees here is a reason to look again.
+            self._waiting_work = more or per_owner is not None
         return started
 
     async def _start_claimed(self, run: RunRecord) -> None:

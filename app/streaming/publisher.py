@@ -386,6 +386,8 @@ class RunPublisher:
             event = self._delta_event(item) if isinstance(item, _PendingDelta) else item
             self._pending[index] = event
             self._writer.queue_ahead(event)
+        if self._pending:
+            self._bus_wake.set()  # no delta waits any longer: no linger for what is stored already
 
     def _notify(self) -> None:
         if self._flush_waiters and self._flushed():
@@ -425,10 +427,10 @@ class RunPublisher:
                 await self._bus_wake.wait()
                 continue
             tail = self._pending[-1]
-            if not self._urgent and type(tail) is _PendingDelta:
+            if not self._urgent and len(self._pending) == 1 and type(tail) is _PendingDelta:
                 # Tokens coming fast merge for ``coalesce_ms``; any token waits ``linger_ms`` for the
                 # next to merge with it (fewer events per token: the bus, the store and every
-                # client's socket do less for each).
+                # client's socket do less for each). Never when another event waits with it.
                 window = max(self._linger_s, 0.0 if tail.eager else self._coalesce_s)
                 wait = self._pending_since + window - time.monotonic()
                 if wait > 0:

@@ -118,6 +118,14 @@ class _StreamReader:
             self.unblocking = None
 
     async def _run(self) -> None:
+        try:
+            await self._read_forever()
+        except asyncio.CancelledError:
+            # Closed: whether in a read or between two, every follower learns it.
+            self._fail_all(BusClosedError("the event bus is closed"))
+            raise
+
+    async def _read_forever(self) -> None:
         bus = self.bus
         attempt = 0
         while True:
@@ -140,9 +148,6 @@ class _StreamReader:
             try:
                 self._reading = frozenset(self._by_key)
                 reply: Any = (await self.connection.execute([command], self._read_timeout_s))[0]
-            except asyncio.CancelledError:
-                self._fail_all(BusClosedError("the event bus is closed"))
-                raise
             except RedisError as exc:
                 log.warning("stream reader lost Redis; followers will resync", extra={"error": str(exc)})
                 self._fail_all(BusUnavailableError(f"stream reader lost Redis: {exc}"))

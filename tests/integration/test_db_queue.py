@@ -9,10 +9,10 @@ import asyncio
 
 import orjson
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 
 from app.db.errors import QueueFullError
-from app.db.models import Run
+from app.db.models import Run, utcnow
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.queue import QUEUE_LOCK, Admission, RunQueue
 from app.db.session import Database
@@ -40,6 +40,16 @@ async def position(database: Database, run: RunRecord) -> int:
     """The position the run's ``queued`` phase announced."""
     (event,) = await EventRepo(database.sessionmaker).for_run(run.id)
     return int(orjson.loads(event.data)["position"])
+
+
+async def waiting_for_a_lock(database: Database) -> bool:
+    """Whether some session of the PostgreSQL server waits for a lock."""
+    async with database.sessionmaker() as session:
+        return bool(
+            await session.scalar(
+                select(func.count()).select_from(text("pg_locks")).where(text("NOT granted"))
+            )
+        )
 
 
 async def start(
@@ -154,11 +164,6 @@ async def test_queued_starts_far_from_the_bound_do_not_wait_for_each_other_but_o
     if database_backend != "postgres":
         pytest.skip("SQLite has one writer at a time: starts wait for each other there anyway")
 
-    async def waiting_for_the_queue_lock() -> bool:
-        async with database.sessionmaker() as session:
-            waiting = select(func.count()).select_from(text("pg_locks"))
-            return bool(await session.scalar(waiting.where(text("locktype = 'advisory' AND NOT granted"))))
-
     async with database.sessionmaker.begin() as other:
         # A queued start far from the bound, not yet committed: it holds the queue's lock shared.
         await other.execute(select(func.pg_advisory_xact_lock_shared(QUEUE_LOCK, func.hashtext(""))))
@@ -168,7 +173,9 @@ async def test_queued_starts_far_from_the_bound_do_not_wait_for_each_other_but_o
         assert far.status == "queued"
         # Near the bound (within the server's max_connections of it) a start counts alone.
         near = asyncio.create_task(start(database, runs, room=False, max_queued=5))
-        await async_wait_until(waiting_for_the_queue_lock, what="the near start waiting for the lock")
+        await async_wait_until(
+            lambda: waiting_for_a_lock(database), what="the near start to wait for the lock"
+        )
         assert not near.done()
     assert (await asyncio.wait_for(near, timeout=10)).status == "queued"
     assert await queue.length() == 2
@@ -197,21 +204,41 @@ async def test_queued_runs_are_taken_oldest_first_each_by_exactly_one_worker(
     assert await queue.take_next(2, "w6", 30) == []
 
 
-async def test_runs_taken_but_not_started_are_put_back_in_their_places(
+async def test_waiting_counts_the_queued_runs_a_worker_could_take_now(
     database: Database, runs: RunRepo, queue: RunQueue
 ) -> None:
-    queued = [await start(database, runs, room=False) for _ in range(3)]
-    taken = await queue.take_next(3, "w1", 30)
+    await start(database, runs, "alice", room=True, per_owner=1)
+    await start(database, runs, "alice", room=True, per_owner=1)  # queued: alice is at her cap
+    await start(database, runs, "bob", room=False, per_owner=1)
+    await start(database, runs, "carol", room=False, per_owner=1)
 
-    await queue.put_back(taken[1:], "w2")  # not w2's: nothing happens
-    assert await queue.length() == 0
-    await queue.put_back(taken[1:], "w1")
+    assert await queue.waiting(10) == 3
+    assert await queue.waiting(2) == 2
+    assert await queue.waiting(10, per_owner=1) == 2  # not alice's
+    await queue.take_next(10, "w1", 30, per_owner=1)
+    assert await queue.waiting(10, per_owner=1) == 0
 
-    assert await queue.length() == 2
-    back = await runs.get_any(queued[1].id)
-    assert back is not None and (back.status, back.worker_id, back.lease_expires_at) == ("queued", None, None)
-    later = await start(database, runs, room=False)
-    assert [r.id for r in await queue.take_next(5, "w3", 30)] == [queued[1].id, queued[2].id, later.id]
+
+async def test_a_cancel_that_meets_a_take_in_flight_cancels_the_run_it_became(
+    database: Database, runs: RunRepo, database_backend: str
+) -> None:
+    if database_backend != "postgres":
+        pytest.skip("SQLite has one writer at a time: a cancel cannot meet a take in flight")
+    queued = await start(database, runs, room=False)
+    async with database.sessionmaker.begin() as take:
+        # A worker's take of the run, not yet committed, holding its row.
+        await take.execute(
+            update(Run)
+            .where(Run.id == queued.id)
+            .values(status="running", worker_id="w1", lease_expires_at=utcnow())
+        )
+        cancel = asyncio.create_task(runs.request_cancel(queued.id))
+        await async_wait_until(lambda: waiting_for_a_lock(database), what="the cancel to wait for the row")
+
+    assert await asyncio.wait_for(cancel, timeout=10) is True
+    run = await runs.get_any(queued.id)
+    assert run is not None
+    assert (run.status, run.worker_id, run.cancel_requested, run.attempt) == ("running", "w1", True, 1)
 
 
 async def test_a_worker_skips_the_queued_runs_another_one_is_taking_instead_of_waiting_for_them(

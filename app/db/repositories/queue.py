@@ -3,9 +3,9 @@ runs a worker with room takes, oldest first.
 
 A run queues when the worker that takes its start is full, when its owner holds
 ``MAX_ACTIVE_RUNS_PER_OWNER`` running runs, or when runs queue already (they go first). A queued
-run is a row held by no worker; whichever worker has room takes it (``RunQueue.take``), the
-database deciding between workers: a worker claims a batch of them in one statement, skipping
-rows another worker is claiming (``RunQueue.take_next``). On PostgreSQL an owner's running runs are
+run is a row held by no worker; whichever worker has room takes it, the database deciding between
+workers: a worker claims a batch of them in one statement, skipping rows another worker is
+claiming (``RunQueue.take_next``). On PostgreSQL an owner's running runs are
 counted under a transaction-scoped advisory lock, so that two workers starting or taking runs of one
 owner at once cannot both pass its cap; SQLite has one writer at a time anyway.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Select, and_, bindparam, func, select, update
+from sqlalchemy import Integer, Select, Update, and_, bindparam, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import QueueFullError
@@ -45,11 +45,12 @@ _OWNER_RUNNING = (
     .select_from(_runs)
     .where(_runs.c.owner == bindparam("b_owner"), _runs.c.status == "running")
 )
-_MAKE_QUEUED = (
-    update(_runs)
-    .where(_runs.c.id == bindparam("b_id"))
-    .values(status="queued", worker_id=None, lease_expires_at=None)
+_LOCK_OWNERS = text(
+    "SELECT count(pg_advisory_xact_lock(:kind, k)) FROM"
+    " (SELECT DISTINCT hashtext(o) AS k FROM unnest(CAST(:owners AS text[])) AS o ORDER BY k) AS keys"
 )
+_QUEUED_AGAIN = {"status": "queued", "worker_id": None, "lease_expires_at": None}
+_MAKE_QUEUED = update(_runs).where(_runs.c.id == bindparam("b_id")).values(_QUEUED_AGAIN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,16 @@ class Admission:
     room: bool
     per_owner: int | None = None
     max_queued: int = 10_000
+
+
+_slack: int | None = None
+"""The PostgreSQL server's ``max_connections``, once a start has read it (``check_bound``)."""
+
+
+def start_exclusive(max_queued: int) -> bool:
+    """Whether a queued start should count the queue under the exclusive lock at once: when the
+    bound is so low that the shared count would always send it back (``NearBound``)."""
+    return _slack is not None and max_queued < _slack
 
 
 class NearBound(Exception):
@@ -107,8 +118,10 @@ async def check_bound(session: AsyncSession, max_queued: int, *, exclusive: bool
     if not _postgres(session):  # one writer at a time: the count is exact
         queued = await session.scalar(_QUEUED) or 0
     else:
+        global _slack
         await _lock(session, QUEUE_LOCK, "", shared=not exclusive)
         queued, slack = (await session.execute(_QUEUED_AND_SLACK)).one()
+        _slack = slack
         if not exclusive and queued + slack > max_queued:
             raise NearBound
     if queued > max_queued:  # this run's row counts
@@ -133,8 +146,10 @@ async def _within_caps(session: AsyncSession, taken: list[RunRecord], per_owner:
     """Of the runs just taken (``RunQueue.take_next``), those that keep their owners within
     ``per_owner`` running runs, oldest first; the others are queued again in this transaction."""
     owners = sorted({run.owner for run in taken})
-    for owner in owners:  # in one order: two workers' batches never wait for each other's locks
-        await _lock(session, OWNER_LOCK, owner)
+    if _postgres(session):
+        # In the order of the lock keys (not of the names, which two keys could cross): two
+        # workers' batches never wait for each other's locks.
+        await session.execute(_LOCK_OWNERS, {"kind": OWNER_LOCK, "owners": owners})
     counted = select(_runs.c.owner, func.count()).where(
         _runs.c.owner.in_(owners), _runs.c.status == "running"
     )
@@ -151,12 +166,31 @@ async def _within_caps(session: AsyncSession, taken: list[RunRecord], per_owner:
     if len(kept) < len(taken):
         kept_ids = {run.id for run in kept}
         back = [run.id for run in taken if run.id not in kept_ids]
-        await session.execute(
-            update(_runs)
-            .where(_runs.c.id.in_(back))
-            .values(status="queued", worker_id=None, lease_expires_at=None)
-        )
+        await session.execute(update(_runs).where(_runs.c.id.in_(back)).values(_QUEUED_AGAIN))
     return kept
+
+
+def _eligible(per_owner: int | None) -> Select[Any]:
+    """The ids of the queued runs that may start now, oldest first."""
+    queued = select(_runs.c.id).where(_runs.c.status == "queued")
+    if per_owner is not None:
+        queued = queued.where(_runs.c.owner.not_in(_full_owners(per_owner)))
+    return queued.order_by(_runs.c.created_at, _runs.c.id)
+
+
+def _claim(eligible: Select[Any], limit: int, postgres: bool) -> Update:
+    """``UPDATE`` of the ``limit`` oldest of ``eligible`` (still queued), returning their rows."""
+    if postgres:
+        # Rows another worker is claiming are skipped. A CTE, not ``IN (subquery)``: PostgreSQL
+        # may run such a subquery again for each row it updates, each time locking the next
+        # oldest (an UPDATE of more rows than ``limit``).
+        oldest = eligible.limit(limit).with_for_update(skip_locked=True).cte("oldest")
+        chosen = select(oldest.prefix_with("MATERIALIZED").c.id)
+    else:
+        # A statement that starts with UPDATE: Python's sqlite3 begins the transaction before it
+        # (not before one that starts with WITH), so the caps below are checked in the same one.
+        chosen = eligible.limit(limit)
+    return update(_runs).where(_runs.c.id.in_(chosen), _runs.c.status == "queued").returning(*_runs.c)
 
 
 class RunQueue:
@@ -178,27 +212,10 @@ class RunQueue:
         lock as ``admit`` counts them."""
         if limit <= 0:
             return []
-        queued = select(_runs.c.id).where(_runs.c.status == "queued")
-        if per_owner is not None:
-            queued = queued.where(_runs.c.owner.not_in(_full_owners(per_owner)))
-        # A CTE, not ``IN (subquery)``: PostgreSQL may run such a subquery again for each row it
-        # updates, each run locking the next oldest (an UPDATE of more rows than ``limit``).
-        oldest = (
-            queued.order_by(_runs.c.created_at, _runs.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("oldest")
-            .prefix_with("MATERIALIZED")
-        )
-        claim = (
-            update(_runs)
-            .where(_runs.c.id.in_(select(oldest.c.id)), _runs.c.status == "queued")
-            .values(
+        async with self._sessionmaker.begin() as session:
+            claim = _claim(_eligible(per_owner), limit, _postgres(session)).values(
                 status="running", worker_id=worker_id, lease_expires_at=utcnow() + timedelta(seconds=lease_s)
             )
-            .returning(*_runs.c)
-        )
-        async with self._sessionmaker.begin() as session:
             taken = sorted(
                 (_run_record(row) for row in await session.execute(claim)), key=lambda r: (r.created_at, r.id)
             )
@@ -206,21 +223,12 @@ class RunQueue:
                 return taken
             return await _within_caps(session, taken, per_owner)
 
-    async def put_back(self, runs: list[RunRecord], worker_id: str) -> None:
-        """Queue again runs that ``take_next`` just gave ``worker_id`` and that it did not start
-        (its room filled meanwhile); they keep their place (their age)."""
-        if not runs:
-            return
-        async with self._sessionmaker.begin() as session:
-            await session.execute(
-                update(_runs)
-                .where(
-                    _runs.c.id.in_([run.id for run in runs]),
-                    _runs.c.worker_id == worker_id,
-                    _runs.c.status == "running",
-                )
-                .values(status="queued", worker_id=None, lease_expires_at=None)
-            )
+    async def waiting(self, limit: int, *, per_owner: int | None = None) -> int:
+        """How many queued runs (up to ``limit``) a worker could take now: those of owners at
+        their cap left out."""
+        counted = select(func.count()).select_from(_eligible(per_owner).limit(limit).subquery())
+        async with self._sessionmaker() as session:
+            return int(await session.scalar(counted) or 0)
 
     async def length(self) -> int:
         async with self._sessionmaker() as session:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
-from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, case, delete, exists, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -23,7 +23,7 @@ from app.db.models import (
     ToolEffect,
     utcnow,
 )
-from app.db.repositories.queue import Admission, NearBound, admit, check_bound
+from app.db.repositories.queue import Admission, NearBound, admit, check_bound, start_exclusive
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
     _TOUCH_CONVERSATION,
@@ -178,7 +178,9 @@ class RunRepo:
         the conversation does not exist, and ``QueueFullError`` if the run would queue but the
         queue is full (Q-02); nothing is stored then.
         """
-        for exclusive in (False, True):  # a start near the queue's bound is made again (check_bound)
+        # A start near the queue's bound is made again, counting alone (check_bound).
+        tries = (True,) if admission is not None and start_exclusive(admission.max_queued) else (False, True)
+        for exclusive in tries:
             row = self._new_row(
                 conversation_id,
                 owner,
@@ -462,17 +464,21 @@ class RunRepo:
         """Mark a running run for cancel, for whichever worker holds it next (RUNS.md R-11). A
         waiting run's approvals close with it (A-05); a waiting or queued run becomes a running run
         that no worker holds, which the next claim closes."""
+        queued = Run.status == "queued"
         async with self._sessionmaker.begin() as session:
-            result = await session.execute(
-                update(Run).where(Run.id == run_id, Run.status == "running").values(cancel_requested=True)
-            )
-            if result.rowcount:  # type: ignore[attr-defined]
-                return True
+            # One statement for both: a worker taking the queued run from the queue at this moment
+            # holds its row, and this update then applies to what the take left (a running run).
             result = await session.execute(
                 update(Run)
-                .where(Run.id == run_id, Run.status == "queued")
-                # Never started: the claim that closes it is its first attempt.
-                .values({**_UNHELD_CANCEL, "attempt": Run.attempt - 1})
+                .where(Run.id == run_id, Run.status.in_(("running", "queued")))
+                .values(
+                    cancel_requested=True,
+                    status="running",
+                    worker_id=case((queued, None), else_=Run.worker_id),
+                    lease_expires_at=case((queued, None), else_=Run.lease_expires_at),
+                    # Never started: the claim that closes it is its first attempt.
+                    attempt=case((queued, Run.attempt - 1), else_=Run.attempt),
+                )
             )
             if result.rowcount:  # type: ignore[attr-defined]
                 return True

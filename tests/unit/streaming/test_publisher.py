@@ -101,6 +101,22 @@ async def test_with_a_linger_slow_tokens_wait_for_the_next_and_anything_else_end
     assert [e.event for e in store.all(CONV)] == [e.event for e in events]
 
 
+async def test_with_a_linger_no_other_event_and_nothing_stored_waits_for_it() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    pub = publisher(bus, store, coalesce_ms=0, linger_ms=60_000)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await pub.publish(AnswerDelta("a"))  # queued right behind the step: the step must not wait
+
+    await wait_until(lambda: len(bus.appends) == 1)
+    assert [e.event for e in bus.appends[0]] == ["step", "answer"]
+    await pub.publish(AnswerDelta("b"))
+    await asyncio.wait_for(pub.flush_store(), timeout=5)  # stored now: the bus gets it now too
+    await wait_until(lambda: len(bus.appends) == 2)
+    assert [orjson.loads(e.data)["content"] for e in bus.appends[1]] == ["b"]
+    await pub.publish(run_done("ab"))
+    await asyncio.wait_for(pub.close(), timeout=5)
+
+
 async def test_merged_deltas_stop_growing_at_the_size_cap() -> None:
     bus, store = ScriptedBus(), MemoryStore()
     bus.gate = asyncio.Event()
