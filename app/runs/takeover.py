@@ -153,6 +153,9 @@ class Takeover:
         self._waiting_work = True
         """Runs may wait for room (queued, or released while this worker was full): a place that
         frees here is a reason to look (at start: the queue may hold runs already)."""
+        self._announcements = 0
+        """How many times ``announced`` was called: a pass that began before the last one cannot
+        tell that nothing waits any more."""
         self._wake = asyncio.Event()
         self._local_prefix = f"{local_host()}:"
         self._taking: dict[str, int] = {}
@@ -167,6 +170,7 @@ class Takeover:
         """A worker released a run, or a run queued: look now if there is room here; otherwise
         when a place frees (no pass of a full worker for each queued run of a burst)."""
         self._waiting_work = True
+        self._announcements += 1
         if self.room.free() > 0:
             self._wake.set()
 
@@ -300,6 +304,7 @@ class Takeover:
         per_owner = self.settings.max_active_runs_per_owner
         started = 0
         more: bool | None = None  # whether more runs may wait than this worker had places for
+        announced = self._announcements
         while self.accepting() and (free := self.room.free()) > 0:
             # Places are held only for runs that wait: a start that comes meanwhile finds this
             # worker's room as it is (with runs waiting, it would queue behind them anyway).
@@ -323,7 +328,7 @@ class Takeover:
         if more is not None:
             # Runs may still wait for a place here, or (under owners' caps) for a run of their
             # owner's to end somewhere: then a place that frees here is a reason to look again.
-            self._waiting_work = more or per_owner is not None
+            self._waiting_work = more or per_owner is not None or self._announcements != announced
         return started
 
     async def _start_claimed(self, run: RunRecord) -> None:

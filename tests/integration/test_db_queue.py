@@ -219,26 +219,43 @@ async def test_waiting_counts_the_queued_runs_a_worker_could_take_now(
     assert await queue.waiting(10, per_owner=1) == 0
 
 
-async def test_a_cancel_that_meets_a_take_in_flight_cancels_the_run_it_became(
-    database: Database, runs: RunRepo, database_backend: str
+@pytest.mark.parametrize(
+    ("before", "holder", "attempt"),
+    [
+        pytest.param("queued", "w1", 1, id="a-worker-taking-it-from-the-queue"),
+        pytest.param("waiting", None, 2, id="a-decision-letting-it-go-on"),
+    ],
+)
+async def test_a_cancel_that_meets_a_change_in_flight_cancels_the_run_it_became(
+    database: Database, runs: RunRepo, database_backend: str, before: str, holder: str | None, attempt: int
 ) -> None:
     if database_backend != "postgres":
-        pytest.skip("SQLite has one writer at a time: a cancel cannot meet a take in flight")
-    queued = await start(database, runs, room=False)
-    async with database.sessionmaker.begin() as take:
-        # A worker's take of the run, not yet committed, holding its row.
-        await take.execute(
+        pytest.skip("SQLite has one writer at a time: a cancel cannot meet another write in flight")
+    run = await start(database, runs, room=False)
+    if before == "waiting":
+        async with database.sessionmaker.begin() as session:
+            await session.execute(update(Run).where(Run.id == run.id).values(status="waiting", attempt=2))
+    async with database.sessionmaker.begin() as change:
+        # Not yet committed, holding the run's row: a worker's take of the queued run, or a
+        # decision that lets the waiting run go on (running, held by nobody until claimed).
+        lease = utcnow() if holder is not None else None
+        await change.execute(
             update(Run)
-            .where(Run.id == queued.id)
-            .values(status="running", worker_id="w1", lease_expires_at=utcnow())
+            .where(Run.id == run.id)
+            .values(status="running", worker_id=holder, lease_expires_at=lease)
         )
-        cancel = asyncio.create_task(runs.request_cancel(queued.id))
+        cancel = asyncio.create_task(runs.request_cancel(run.id))
         await async_wait_until(lambda: waiting_for_a_lock(database), what="the cancel to wait for the row")
 
     assert await asyncio.wait_for(cancel, timeout=10) is True
-    run = await runs.get_any(queued.id)
-    assert run is not None
-    assert (run.status, run.worker_id, run.cancel_requested, run.attempt) == ("running", "w1", True, 1)
+    after = await runs.get_any(run.id)
+    assert after is not None
+    assert (after.status, after.worker_id, after.cancel_requested, after.attempt) == (
+        "running",
+        holder,
+        True,
+        attempt,
+    )
 
 
 async def test_a_worker_skips_the_queued_runs_another_one_is_taking_instead_of_waiting_for_them(

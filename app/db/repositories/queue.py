@@ -63,14 +63,21 @@ class Admission:
     max_queued: int = 10_000
 
 
-_slack: int | None = None
-"""The PostgreSQL server's ``max_connections``, once a start has read it (``check_bound``)."""
+_slack: dict[str, int] = {}
+"""Each PostgreSQL server's ``max_connections`` (by host and port), once a start has read it
+(``check_bound``)."""
 
 
-def start_exclusive(max_queued: int) -> bool:
-    """Whether a queued start should count the queue under the exclusive lock at once: when the
-    bound is so low that the shared count would always send it back (``NearBound``)."""
-    return _slack is not None and max_queued < _slack
+def _server(bind: Any) -> str:
+    return f"{bind.url.host}:{bind.url.port}"
+
+
+def start_exclusive(bind: Any, max_queued: int) -> bool:
+    """Whether a queued start on the database of ``bind`` (an engine) should count the queue under
+    the exclusive lock at once: when the bound is so low that the shared count would always send it
+    back (``NearBound``)."""
+    slack = _slack.get(_server(bind)) if bind is not None else None
+    return slack is not None and max_queued <= slack
 
 
 class NearBound(Exception):
@@ -118,10 +125,9 @@ async def check_bound(session: AsyncSession, max_queued: int, *, exclusive: bool
     if not _postgres(session):  # one writer at a time: the count is exact
         queued = await session.scalar(_QUEUED) or 0
     else:
-        global _slack
         await _lock(session, QUEUE_LOCK, "", shared=not exclusive)
         queued, slack = (await session.execute(_QUEUED_AND_SLACK)).one()
-        _slack = slack
+        _slack[_server(session.get_bind())] = slack
         if not exclusive and queued + slack > max_queued:
             raise NearBound
     if queued > max_queued:  # this run's row counts

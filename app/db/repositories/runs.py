@@ -86,9 +86,6 @@ class CheckpointRow:
 
 
 _SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
-_UNHELD_CANCEL = {"cancel_requested": True, "status": "running", "worker_id": None, "lease_expires_at": None}
-"""A cancelled run that no worker executes (waiting, queued): a running run held by none, which
-the next claim closes."""
 
 
 class RunRepo:
@@ -179,7 +176,9 @@ class RunRepo:
         queue is full (Q-02); nothing is stored then.
         """
         # A start near the queue's bound is made again, counting alone (check_bound).
-        tries = (True,) if admission is not None and start_exclusive(admission.max_queued) else (False, True)
+        bind = self._sessionmaker.kw.get("bind")
+        exclusive_first = admission is not None and start_exclusive(bind, admission.max_queued)
+        tries = (True,) if exclusive_first else (False, True)
         for exclusive in tries:
             row = self._new_row(
                 conversation_id,
@@ -464,29 +463,27 @@ class RunRepo:
         """Mark a running run for cancel, for whichever worker holds it next (RUNS.md R-11). A
         waiting run's approvals close with it (A-05); a waiting or queued run becomes a running run
         that no worker holds, which the next claim closes."""
-        queued = Run.status == "queued"
+        unheld = Run.status.in_(("queued", "waiting"))
         async with self._sessionmaker.begin() as session:
-            # One statement for both: a worker taking the queued run from the queue at this moment
-            # holds its row, and this update then applies to what the take left (a running run).
+            # One statement for every active status: a worker taking the queued run from the queue,
+            # or a decision letting the waiting run go on, may hold its row at this moment; this
+            # update then applies to the running run they made of it.
             result = await session.execute(
                 update(Run)
-                .where(Run.id == run_id, Run.status.in_(("running", "queued")))
+                .where(Run.id == run_id, Run.status.in_(("running", "queued", "waiting")))
                 .values(
                     cancel_requested=True,
                     status="running",
-                    worker_id=case((queued, None), else_=Run.worker_id),
-                    lease_expires_at=case((queued, None), else_=Run.lease_expires_at),
+                    worker_id=case((unheld, None), else_=Run.worker_id),
+                    lease_expires_at=case((unheld, None), else_=Run.lease_expires_at),
                     # Never started: the claim that closes it is its first attempt.
-                    attempt=case((queued, Run.attempt - 1), else_=Run.attempt),
+                    attempt=case((Run.status == "queued", Run.attempt - 1), else_=Run.attempt),
                 )
-            )
-            if result.rowcount:  # type: ignore[attr-defined]
-                return True
-            result = await session.execute(
-                update(Run).where(Run.id == run_id, Run.status == "waiting").values(_UNHELD_CANCEL)
             )
             if not result.rowcount:  # type: ignore[attr-defined]
                 return False
+            # Its open approvals close with it (a running run asking for one finds, when it would
+            # wait, that it was cancelled).
             await session.execute(
                 update(Approval)
                 .where(Approval.run_id == run_id, Approval.status == "pending")
