@@ -4,8 +4,9 @@ Prints the summary table on stdout too. Historical before/after figures of the o
 kept here as text: they were measured with these scripts before and after each change (see the
 commit messages that carry them).
 
-The "Durable runs" section is made by bench/report_durable.py; the helpers (reading bench/out,
-formats, the plot) are in bench/report_common.py.
+The "Durable runs" section is made by bench/report_durable.py, the "Capacity (issue 17)" one by
+bench/report_capacity.py; the helpers (reading bench/out, formats, the plot) are in
+bench/report_common.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 if not __package__:  # run by path (bench/run: `bench/report.py`): the package from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report_capacity import capacity_section, capacity_targets
 from bench.report_common import fmt, fold_summary, inproc, latency_row, load, machine, plot, verdict
 from bench.report_durable import durable_section, durable_targets
 
@@ -125,6 +127,9 @@ def main() -> None:
     redis_b = load(out, "redis_benchmark.json")
     d_cost = load(out, "durable_checkpoints.json")
     d_resume = load(out, "durable_resume.json")
+    c_knee = load(out, "capacity_knee.json")
+    c_burst = load(out, "capacity_burst.json")
+    c_cluster = load(out, "capacity_cluster.json")
 
     def ratio(a: dict | None, b: dict | None, key: str) -> float | None:
         return a[key] / b[key] if a and b and b[key] else None
@@ -223,6 +228,7 @@ def main() -> None:
     ]
 
     targets += durable_targets(d_cost, d_resume)
+    targets += capacity_targets(c_knee, c_burst, c_cluster)
 
     table = ["| # | target | measured | |", "|---|---|---|---|"]
     table += [
@@ -432,6 +438,7 @@ def main() -> None:
         md.append("")
 
     md.extend(durable_section(d_cost, d_resume))
+    md.extend(capacity_section(c_knee, c_burst, c_cluster))
 
     md.append("## Optimisations made for these targets\n")
     md.append("| change | before | after |\n|---|---|---|")
@@ -490,6 +497,7 @@ def main() -> None:
         ".venv/bin/python -m bench.service_bench http|latency|throughput|idle [--db postgres]\n"
         ".venv/bin/python -m bench.durable_bench checkpoints [--quick]   # baseline eaaa192 vs this tree\n"
         ".venv/bin/python -m bench.durable_bench resume [--quick]\n"
+        ".venv/bin/python -m bench.capacity_bench knee|burst|cluster-throughput [--quick] [--out FILE]\n"
         ".venv/bin/python -m bench.tracing_bench [--quick] [--sides before off on capture spans]"
         "   # baseline 43354e2 vs this tree\n```\n"
     )
