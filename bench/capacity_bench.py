@@ -364,10 +364,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--subjects", nargs="+", choices=["one", "two", "langgraph"], default=["one", "two", "langgraph"]
     )
     k.add_argument(
-        "--levels", type=int, nargs="+", help="users per level (default 50 100 200 300 500 700 1000 1500)"
+        "--levels",
+        type=int,
+        nargs="+",
+        help="users per level (default 50 100 120 140 160 200 250 300 400 500 700 1000 1500)",
     )
     k.add_argument(
-        "--lg-levels", type=int, nargs="+", help="for LangGraph (default 10 25 50 100 200 300 500 700 1000)"
+        "--lg-levels",
+        type=int,
+        nargs="+",
+        help="for LangGraph (default 2 4 6 8 12 16 25 50 100 200 500 1000)",
     )
     k.add_argument("--tokens", type=int, default=500, help="answer tokens per run (10 s at 50 tokens/s)")
     k.add_argument("--delay-s", type=float, default=0.02, help="between tokens: 20 ms is 50 tokens/s")
@@ -426,8 +432,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--out", default="", help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.command == "knee" and not args.quick:
-        args.levels = args.levels or [50, 100, 200, 300, 500, 700, 1000, 1500]
-        args.lg_levels = args.lg_levels or [10, 25, 50, 100, 200, 300, 500, 700, 1000]
+        args.levels = args.levels or [50, 100, 120, 140, 160, 200, 250, 300, 400, 500, 700, 1000, 1500]
+        args.lg_levels = args.lg_levels or [2, 4, 6, 8, 12, 16, 25, 50, 100, 200, 500, 1000]
     if args.quick:
         if args.command == "knee":
             args.levels, args.lg_levels = args.levels or [10, 50], args.lg_levels or [5, 20]
