@@ -10,6 +10,11 @@ from bench.report_common import fmt, verdict
 DB_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
+def _in_tree(path: str) -> str:
+    """``path`` from its ``app/`` on: no absolute path of the machine in the report."""
+    return path[path.rfind("/app/") + 1 :] if "/app/" in path else path.rsplit("/", 1)[-1]
+
+
 def durable_targets(cost: dict | None, resume: dict | None) -> list[tuple[str, str, str, bool | None]]:
     """The durable-runs rows of the target table (``bench/durable_bench.py``)."""
     rows: list[tuple[str, str, str, bool | None]] = []
@@ -105,7 +110,8 @@ def durable_section(cost: dict | None, resume: dict | None) -> list[str]:
             f" + uncommitted app/ changes ({new['app_diff_sha1']})" if new.get("app_uncommitted") else ""
         )
         md.append(
-            f"Baseline `{base['commit']}` (a git worktree, its `app` imported from `{base['app_file']}`) "
+            f"Baseline `{base['commit']}` (a git worktree in a temporary directory, its `app` imported "
+            f"from the worktree's `{_in_tree(base['app_file'])}`) "
             "against "
             f"`{state}`, {cost['rounds']} interleaved rounds in one invocation, medians of the rounds. "
             + cost["how"]
