@@ -294,6 +294,35 @@ async def test_redis_appends_of_many_conversations_share_round_trips(redis_bus: 
 
 
 @pytest.mark.redis
+async def test_redis_closed_while_reader_and_writer_wait_between_rounds_fails_every_caller(
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pause after a small round made long enough that the close surely lands in it.
+    monkeypatch.setattr("app.streaming.redis_bus.LINGER_S", 60.0)
+    monkeypatch.setattr("app.streaming.redis_streams.LINGER_S", 60.0)
+    bus = RedisEventBus(REDIS_URL, redis_prefix, block_ms=200)
+    seen: list[StoredEvent] = []
+
+    async def follow() -> None:
+        async for event in bus.follow(CONV, "0-0"):
+            seen.append(event)
+
+    follower = asyncio.create_task(follow())
+    await wait_until(lambda: _following(bus, CONV))
+    await bus.append(CONV, [stored(1)])  # the writer pauses after this round
+    await wait_until(lambda: seen == [stored(1)])  # and the reader after the one that read it
+    waiting_append = asyncio.create_task(bus.append(CONV, [stored(2)]))
+    await wait_until(lambda: bool(bus._writer is not None and bus._writer._queue))  # behind the pause
+
+    await bus.close()
+
+    with pytest.raises(BusClosedError):
+        await asyncio.wait_for(follower, 10)
+    with pytest.raises(BusClosedError):
+        await asyncio.wait_for(waiting_append, 10)
+
+
+@pytest.mark.redis
 async def test_redis_stream_entries_carry_event_data_and_run_id(
     redis_bus: RedisEventBus, redis_prefix: str
 ) -> None:
