@@ -48,7 +48,10 @@ ACTIVE_STATUSES = ("queued", "running", "waiting")
 # database guarantee rather than a check-then-insert race.
 ACTIVE_PREDICATE = text("status IN ('queued', 'running', 'waiting')")
 
-APPROVAL_STATUSES = ("pending", "approved", "denied", "expired", "cancelled")
+APPROVAL_STATUSES = ("pending", "approved", "denied", "expired", "cancelled", "answered")
+APPROVAL_KINDS = ("approval", "client")
+"""What a row of ``approvals`` waits for: a person's decision, or the result of a tool the client
+runs (FACES.md C-02, status ``answered`` once it came)."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -121,9 +124,19 @@ class Conversation(Base):
     agent_config: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    head_seq: Mapped[int | None] = mapped_column(Integer)
+    """The current leaf of the conversation's tree of messages (its ``seq``; FACES.md B-01): what
+    ``GET /api/conversations/{id}`` shows is the path from the root to it. Null: no message yet."""
 
 
 class Message(Base):
+    """One message of a conversation's tree (FACES.md B-01).
+
+    ``seq`` numbers a conversation's messages in the order they were stored; ``parent_seq`` is the
+    ``seq`` of the message it follows (null for a first message). A run's messages hang one below
+    the other from its question; an edit, a regenerate or a replay starts a sibling branch.
+    """
+
     __tablename__ = "messages"
     # The unique (conversation_id, seq) index also serves every "messages of a conversation in
     # order" query, so conversation_id needs no index of its own.
@@ -144,6 +157,7 @@ class Message(Base):
     # The thinking a provider returned with an assistant message; some providers refuse the next
     # request unless it is sent back (app.llm.providers).
     reasoning: Mapped[str | None] = mapped_column(StoredText)
+    parent_seq: Mapped[int | None] = mapped_column(Integer)
 
 
 class Run(Base):
@@ -195,6 +209,14 @@ class Run(Base):
     trace_id: Mapped[str | None] = mapped_column(String(32))
     # The request that started it, as a W3C traceparent: the parent of every attempt's span.
     trace_parent: Mapped[str | None] = mapped_column(String(55))
+    # Its question's place in the conversation's tree (FACES.md B-01): the run's history is the
+    # path to it, and what the run adds hangs below it. Several runs share one question when it
+    # was answered again (regenerate, replay).
+    question_seq: Mapped[int | None] = mapped_column(Integer)
+    # Tools the client runs declared for this run alone, beside the conversation's (C-01).
+    client_tools: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
+    # The run this one replays from one of its checkpoints (B-06).
+    replay_of: Mapped[str | None] = mapped_column(String(64))
 
 
 class RunEvent(Base):
@@ -278,7 +300,8 @@ class ToolEffect(Base):
 
 
 class Approval(Base):
-    """A tool call that waits for a person's decision (RUNS.md A-01..A-06).
+    """A tool call that waits for a person's decision (RUNS.md A-01..A-06), or, of ``kind``
+    ``client``, for its result from the client that runs the tool (FACES.md C-02, C-03).
 
     Its id is made from the run and the call (``app.runs.approvals.approval_id``), so a new
     attempt that asks again for the same call finds the same row. ``tool_args`` are the arguments
@@ -288,7 +311,7 @@ class Approval(Base):
     __tablename__ = "approvals"
     __table_args__ = (
         CheckConstraint(
-            "status IN ('pending', 'approved', 'denied', 'expired', 'cancelled')",
+            "status IN ('pending', 'approved', 'denied', 'expired', 'cancelled', 'answered')",
             name="status",
         ),
         Index("ix_approvals_owner_status_created_at", "owner", "status", "created_at"),
@@ -312,3 +335,6 @@ class Approval(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime]
     decided_at: Mapped[datetime | None]
+    kind: Mapped[str] = mapped_column(String(16), default="approval", server_default="approval")
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """A client call's result as it came: ``{"output": any}`` or ``{"error": str}``."""

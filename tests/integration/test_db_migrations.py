@@ -270,9 +270,11 @@ async def test_the_message_reasoning_revision_keeps_messages_and_stores_reasonin
     await execute(
         database_url,
         "INSERT INTO messages (conversation_id, run_id, seq, role, content, tool_calls, pinned, created_at, "
-        "reasoning) VALUES ('conv_old', NULL, 1, 'assistant', 'ok', NULL, false, :now, 'thought')",
+        "reasoning, parent_seq) VALUES ('conv_old', NULL, 1, 'assistant', 'ok', NULL, false, :now, 'thought', 0)",
         {"now": now},
     )
+    # As this version stores it: below the first message, the conversation's current leaf now.
+    await execute(database_url, "UPDATE conversations SET head_seq = 1 WHERE id = 'conv_old'")
     assert await scalar(database_url, "SELECT reasoning FROM messages WHERE seq = 1") == "thought"
 
     await asyncio.to_thread(downgrade_database, database_url, "0003")

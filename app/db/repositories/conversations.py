@@ -1,15 +1,17 @@
-"""``ConversationRepo``: conversations and their messages."""
+"""``ConversationRepo``: conversations and their trees of messages (FACES.md B-01, B-04, B-05)."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, or_, select
+from sqlalchemy import and_, bindparam, delete, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import Conversation, Message, utcnow
+from app.db.errors import RunActiveError
+from app.db.models import ACTIVE_STATUSES, Conversation, utcnow
 from app.db.repositories.rows import (
     _CONVERSATION_OF_OWNER,
     ConversationRecord,
@@ -17,13 +19,20 @@ from app.db.repositories.rows import (
     _append_messages,
     _conversation_record,
     _conversations,
-    _history,
-    _message_record,
+    _lock_conversation,
+    _messages_of,
+    _move_head,
+    _runs,
     decode_page_cursor,
     encode_page_cursor,
     new_conversation_id,
+    path_to,
 )
 from app.llm.base import ChatMessage
+
+_ACTIVE_RUN_OF = select(_runs.c.id).where(
+    _runs.c.conversation_id == bindparam("b_conversation"), _runs.c.status.in_(ACTIVE_STATUSES)
+)
 
 
 class ConversationRepo:
@@ -88,23 +97,97 @@ class ConversationRepo:
     async def add_messages(
         self, conversation_id: str, run_id: str | None, messages: Sequence[ChatMessage]
     ) -> None:
-        """Append ``messages`` after the conversation's last one and mark the conversation updated.
+        """Append ``messages`` below the conversation's current leaf, which moves to the last.
 
         Raises ``ConversationNotFoundError`` if the conversation is gone.
         """
         if not messages:
             return
         async with self._sessionmaker.begin() as session:
-            await _append_messages(session, conversation_id, run_id, messages)
+            head = await _lock_conversation(session, conversation_id)
+            await _append_messages(
+                session, conversation_id, run_id, messages, parent_seq=head, locked=True, head_from=head
+            )
 
     # builtins.list: inside this class, ``list`` names the method above.
     async def messages(self, conversation_id: str) -> builtins.list[MessageRecord]:
+        """Every message of the conversation, of every branch, in the order they were stored."""
         async with self._sessionmaker() as session:
-            rows = await session.scalars(
-                select(Message).where(Message.conversation_id == conversation_id).order_by(Message.seq)
-            )
-            return [_message_record(row) for row in rows]
+            return await _messages_of(session, conversation_id)
 
     async def history(self, conversation_id: str) -> builtins.list[ChatMessage]:
+        """The current branch: the path from the root to the current leaf."""
         async with self._sessionmaker() as session:
-            return await _history(session, conversation_id)
+            head = await session.scalar(
+                select(Conversation.head_seq).where(Conversation.id == conversation_id)
+            )
+            records = await _messages_of(session, conversation_id)
+        return [record.to_chat_message() for record in path_to(records, head)]
+
+    async def switch(self, conversation_id: str, seq: int) -> int:
+        """Make the newest leaf below message ``seq`` (itself, if it has no child) the current
+        leaf (FACES.md B-04); returns its seq. Raises ``RunActiveError`` while a run of the
+        conversation is active (B-07): its messages hang below the current leaf."""
+        async with self._sessionmaker.begin() as session:
+            await _lock_conversation(session, conversation_id)
+            if await session.scalar(_ACTIVE_RUN_OF, {"b_conversation": conversation_id}) is not None:
+                raise RunActiveError(conversation_id)
+            leaf = newest_leaf(await _messages_of(session, conversation_id), seq)
+            await _move_head(session, conversation_id, leaf, "any")
+        return leaf
+
+    async def fork(
+        self, source: ConversationRecord, seq: int, title: str
+    ) -> ConversationRecord:
+        """A new conversation of the same owner and agent whose messages are copies of the path
+        to message ``seq`` of ``source`` (FACES.md B-05); ``source`` does not change. The copies
+        belong to no run of the new conversation (their ``run_id`` is None)."""
+        async with self._sessionmaker() as session:
+            path = path_to(await _messages_of(session, source.id), seq)
+        now = utcnow()
+        record = ConversationRecord(
+            new_conversation_id(), source.owner, title, dict(source.agent_config), now, now, None
+        )
+        async with self._sessionmaker.begin() as session:
+            await session.execute(
+                insert(_conversations),
+                {
+                    "id": record.id,
+                    "owner": record.owner,
+                    "title": title,
+                    "agent_config": record.agent_config,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+            head = None
+            if path:
+                head = await _append_messages(
+                    session,
+                    record.id,
+                    None,
+                    [m.to_chat_message() for m in path],
+                    parent_seq=None,
+                    locked=True,
+                    first_seq=0,
+                )
+        return replace(record, head_seq=head)
+
+
+def newest_leaf(records: Sequence[MessageRecord], seq: int) -> int:
+    """The seq of the newest message with no child below message ``seq`` (``seq`` itself if it
+    has none)."""
+    children: dict[int, builtins.list[int]] = {}
+    for record in records:
+        if record.parent_seq is not None:
+            children.setdefault(record.parent_seq, []).append(record.seq)
+    leaves: builtins.list[int] = []
+    stack = [seq]
+    while stack:
+        current = stack.pop()
+        below = children.get(current)
+        if below:
+            stack.extend(below)
+        else:
+            leaves.append(current)
+    return max(leaves)

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, FollowUpLimitError
 from app.db.models import ACTIVE_STATUSES, Conversation, FollowUp, Run, utcnow
-from app.db.repositories.rows import _append_messages, follow_up_messages
+from app.db.repositories.rows import _append_messages, _lock_conversation, follow_up_messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +64,9 @@ class FollowUpRepo:
         async with self._sessionmaker.begin() as session:
             # Locks the conversation: a run that starts now (RunRepo.start appends its question
             # under the same lock) either saw these in its queue or comes after this.
-            touched = await session.execute(
-                update(Conversation).where(Conversation.id == conversation_id).values(updated_at=utcnow())
-            )
-            if not touched.rowcount:  # type: ignore[attr-defined]
+            try:
+                head = await _lock_conversation(session, conversation_id)
+            except ConversationNotFoundError:
                 return []
             running = await session.scalar(
                 select(Run.id).where(Run.conversation_id == conversation_id, Run.status.in_(ACTIVE_STATUSES))
@@ -89,5 +88,8 @@ class FollowUpRepo:
             )
             contents = [content for _, content in taken]
             messages = follow_up_messages(contents)
-            await _append_messages(session, conversation_id, run_id, messages, locked=True)
+            # Below the current leaf, where the run that missed them ended.
+            await _append_messages(
+                session, conversation_id, run_id, messages, parent_seq=head, locked=True, head_from=head
+            )
             return contents

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Table, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -62,6 +62,12 @@ _HISTORY = (
     .where(_messages.c.conversation_id == bindparam("b_conversation"))
     .order_by(_messages.c.seq)
 )
+_MOVE_HEAD = (
+    update(_conversations)
+    .where(_conversations.c.id == bindparam("b_id"))
+    .values(head_seq=bindparam("b_head"))
+)
+_MOVE_HEAD_FROM = _MOVE_HEAD.where(_conversations.c.head_seq == bindparam("b_from"))
 _EVENT_STORED = select(_events.c.run_id, _events.c.event, _events.c.data).where(
     _events.c.conversation_id == bindparam("b_conversation"),
     _events.c.cursor_ms == bindparam("b_ms"),
@@ -103,6 +109,8 @@ class ConversationRecord:
     agent_config: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+    head_seq: int | None = None
+    """The current leaf of its tree of messages (FACES.md B-01); None while it has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,13 @@ class MessageRecord:
     pinned: bool
     created_at: datetime
     reasoning: str | None = None
+    parent_seq: int | None = None
+    """The ``seq`` of the message this one follows in the conversation's tree (None: a root)."""
+
+    @property
+    def public_id(self) -> str:
+        """The message's id in the API (``msg_<n>``)."""
+        return message_public_id(self.id)
 
     def to_chat_message(self) -> ChatMessage:
         return ChatMessage(
@@ -157,6 +172,23 @@ class RunRecord:
     trace_id: str | None = None
     trace_parent: str | None = None
     """The W3C ``traceparent`` of the request that started the run: every attempt's span's parent."""
+    question_seq: int | None = None
+    """Its question's place in the conversation's tree (None: a run older than trees)."""
+    client_tools: list[dict[str, Any]] | None = None
+    """Tools the client runs, declared for this run alone (FACES.md C-01)."""
+    replay_of: str | None = None
+    """The run this one replays from a checkpoint (FACES.md B-06)."""
+
+
+def message_public_id(message_id: int) -> str:
+    return f"msg_{message_id}"
+
+
+def parse_message_id(public_id: str) -> int | None:
+    """The database id of a message's API id, or None if it is not one."""
+    if not public_id.startswith("msg_") or not public_id[4:].isdigit() or len(public_id) > 24:
+        return None
+    return int(public_id[4:])
 
 
 def _conversation_record(row: Any) -> ConversationRecord:
@@ -168,6 +200,7 @@ def _conversation_record(row: Any) -> ConversationRecord:
         agent_config=dict(row.agent_config),
         created_at=row.created_at,
         updated_at=row.updated_at,
+        head_seq=row.head_seq,
     )
 
 
@@ -188,6 +221,7 @@ def _message_record(row: Any) -> MessageRecord:
         pinned=row.pinned,
         created_at=row.created_at,
         reasoning=row.reasoning,
+        parent_seq=row.parent_seq,
     )
 
 
@@ -215,6 +249,9 @@ def _run_record(row: Any) -> RunRecord:
         model=row.model,
         trace_id=row.trace_id,
         trace_parent=row.trace_parent,
+        question_seq=row.question_seq,
+        client_tools=list(row.client_tools) if row.client_tools is not None else None,
+        replay_of=row.replay_of,
     )
 
 
@@ -224,14 +261,19 @@ async def _append_messages(
     run_id: str | None,
     messages: Sequence[ChatMessage],
     *,
+    parent_seq: int | None,
     locked: bool = False,
     first_seq: int | None = None,
-) -> None:
-    """Append ``messages`` after the conversation's last one and mark the conversation updated,
-    inside the caller's transaction. Raises ``ConversationNotFoundError`` if the conversation is gone.
+    head_from: int | Literal["any"] | None = "any",
+) -> int:
+    """Append ``messages`` to the conversation's tree, one below the other, the first below the
+    message ``parent_seq`` (None: as a first message), and mark the conversation updated, inside
+    the caller's transaction; returns the last one's seq. The conversation's head moves to it
+    when the head is ``head_from`` (``"any"``: whatever it is). Raises
+    ``ConversationNotFoundError`` if the conversation is gone.
     ``locked``: the caller has locked (touched) the conversation's row in this transaction.
-    ``first_seq``: the seq after the last message, known to a caller that read the history under
-    that lock (so no query for it).
+    ``first_seq``: the seq after the conversation's last message, known to a caller that read
+    the messages under that lock (so no query for it).
     """
     now = utcnow()
     if not locked:
@@ -249,6 +291,7 @@ async def _append_messages(
                 "conversation_id": conversation_id,
                 "run_id": run_id,
                 "seq": first_seq + offset,
+                "parent_seq": parent_seq if offset == 0 else first_seq + offset - 1,
                 "role": message.role,
                 "content": message.content,
                 "tool_calls": [_stored_call(tc) for tc in message.tool_calls] or None,
@@ -261,6 +304,38 @@ async def _append_messages(
             for offset, message in enumerate(messages)
         ],
     )
+    last_seq = first_seq + len(messages) - 1
+    await _move_head(session, conversation_id, last_seq, head_from)
+    return last_seq
+
+
+async def _lock_conversation(session: AsyncSession, conversation_id: str) -> int | None:
+    """Lock the conversation's row (mark it updated) in the caller's transaction; its head's seq.
+    Raises ``ConversationNotFoundError`` if it is gone."""
+    row = (
+        await session.execute(
+            _TOUCH_CONVERSATION.returning(_conversations.c.head_seq),
+            {"b_id": conversation_id, "updated_at": utcnow()},
+        )
+    ).first()
+    if row is None:
+        raise ConversationNotFoundError(conversation_id)
+    head: int | None = row.head_seq
+    return head
+
+
+async def _move_head(
+    session: AsyncSession, conversation_id: str, head: int | None, head_from: int | Literal["any"] | None
+) -> None:
+    """Make ``head`` the conversation's current leaf, if its head is ``head_from`` (or ``"any"``)."""
+    if head_from == "any":
+        await session.execute(_MOVE_HEAD, {"b_id": conversation_id, "b_head": head})
+    elif head_from is None:
+        await session.execute(
+            _MOVE_HEAD.where(_conversations.c.head_seq.is_(None)), {"b_id": conversation_id, "b_head": head}
+        )
+    else:
+        await session.execute(_MOVE_HEAD_FROM, {"b_id": conversation_id, "b_head": head, "b_from": head_from})
 
 
 def _stored_call(call: ToolCall) -> dict[str, Any]:
@@ -270,16 +345,32 @@ def _stored_call(call: ToolCall) -> dict[str, Any]:
     return stored
 
 
-async def _history(session: AsyncSession, conversation_id: str) -> list[ChatMessage]:
-    return (await _history_and_next_seq(session, conversation_id))[0]
-
-
-async def _history_and_next_seq(session: AsyncSession, conversation_id: str) -> tuple[list[ChatMessage], int]:
-    """The conversation's messages and the seq the next one takes."""
-    records = [
+async def _messages_of(session: AsyncSession, conversation_id: str) -> list[MessageRecord]:
+    """Every message of the conversation, every branch, in the order they were stored."""
+    return [
         _message_record(row) for row in await session.execute(_HISTORY, {"b_conversation": conversation_id})
     ]
-    return [record.to_chat_message() for record in records], (records[-1].seq + 1 if records else 0)
+
+
+def path_to(records: Sequence[MessageRecord], leaf_seq: int | None) -> list[MessageRecord]:
+    """The messages from the root of the tree down to ``leaf_seq`` (nothing for None), in order."""
+    if leaf_seq is None:
+        return []
+    by_seq = {record.seq: record for record in records}
+    path: list[MessageRecord] = []
+    seq: int | None = leaf_seq
+    while seq is not None:
+        record = by_seq.get(seq)
+        if record is None or len(path) > len(by_seq):
+            break  # a parent that is gone, or a loop no write makes: the path ends there
+        path.append(record)
+        seq = record.parent_seq
+    path.reverse()
+    return path
+
+
+def next_seq(records: Sequence[MessageRecord]) -> int:
+    return records[-1].seq + 1 if records else 0
 
 
 def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:

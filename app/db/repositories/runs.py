@@ -18,7 +18,6 @@ from app.db.models import (
     Approval,
     Conversation,
     FollowUp,
-    Message,
     Run,
     ToolEffect,
     utcnow,
@@ -26,21 +25,24 @@ from app.db.models import (
 from app.db.repositories.queue import Admission, NearBound, admit, check_bound, start_exclusive
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
-    _TOUCH_CONVERSATION,
     FINAL_STATUSES,
     RunRecord,
     _append_messages,
     _checkpoints,
     _delete_follow_ups,
     _event_row,
-    _history_and_next_seq,
+    _events,
     _holds,
     _insert_events,
-    _message_record,
+    _lock_conversation,
+    _messages_of,
+    _move_head,
     _run_record,
     _runs,
     follow_up_messages,
     new_run_id,
+    next_seq,
+    path_to,
 )
 from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent, later_cursor
@@ -58,6 +60,7 @@ _LATEST_RUN = (
 )
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
 _FINISH_ATTEMPT = _FINISH_RUN.where(_runs.c.attempt == bindparam("b_attempt"))
+_QUESTION_OF = select(_runs.c.question_seq).where(_runs.c.id == bindparam("b_id"))
 _TAKE_FOLLOW_UPS = (
     delete(FollowUp)
     .where(FollowUp.conversation_id == bindparam("b_conversation"))
@@ -85,7 +88,30 @@ class CheckpointRow:
     data: str
 
 
-_SET_START_CURSOR = update(_runs).where(_runs.c.id == bindparam("b_id"))
+_SET_START = update(_runs).where(_runs.c.id == bindparam("b_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a starting run's question goes in the conversation's tree (FACES.md B-02, B-03).
+
+    By default below the current leaf. ``parent_seq``: below that message instead (None: as a
+    first message) when ``under_head`` is False. ``question_seq``: no new question, the run answers
+    that stored one again (a regenerate, a replay), a sibling of its other answers.
+    """
+
+    under_head: bool = True
+    parent_seq: int | None = None
+    question_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What a run that starts from a checkpoint of another (a replay, FACES.md B-06) stores with
+    its start: its first events and the whole state its first attempt starts from."""
+
+    events: list[StoredEvent]
+    checkpoint: str
 
 
 class RunRepo:
@@ -154,6 +180,10 @@ class RunRepo:
         trace_parent: str | None = None,
         admission: Admission | None = None,
         queued_event: Callable[[str, str, int], StoredEvent] | None = None,
+        placement: Placement = Placement(),
+        client_tools: list[dict[str, Any]] | None = None,
+        opening: Callable[[str, str], Opening] | None = None,
+        replay_of: str | None = None,
     ) -> tuple[RunRecord, list[ChatMessage]]:
         """Insert a running run leased to ``worker_id`` and, in the same transaction, store
         ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
@@ -169,6 +199,10 @@ class RunRepo:
         With an ``admission`` the run may queue instead (RUNS.md Q-01; ``queue.admit``): its row
         is then ``queued``, held by nobody, and ``queued_event(run_id, after, position)``, its
         ``queued`` phase, is stored with it.
+
+        ``placement`` says where the question goes in the conversation's tree; ``opening(run_id,
+        after)``, the events and first checkpoint of a run that starts from another's checkpoint
+        (stamped after cursor ``after``), stored with it.
 
         Raises ``RunActiveError`` if a run of the conversation is active (the partial unique index
         decides, so of two concurrent starts exactly one wins), ``ConversationNotFoundError`` if
@@ -190,8 +224,11 @@ class RunRepo:
                 model=model,
                 trace_parent=trace_parent,
             )
+            row.update(client_tools=client_tools, replay_of=replay_of)
             try:
-                history = await self._insert_start(row, prior, admission, queued_event, exclusive=exclusive)
+                history = await self._insert_start(
+                    row, prior, admission, queued_event, placement, opening, exclusive=exclusive
+                )
             except NearBound:
                 continue
             except IntegrityError:
@@ -205,53 +242,93 @@ class RunRepo:
         prior: Sequence[ChatMessage],
         admission: Admission | None,
         queued_event: Callable[[str, str, int], StoredEvent] | None,
+        placement: Placement,
+        opening: Callable[[str, str], Opening] | None,
         *,
         exclusive: bool,
     ) -> list[ChatMessage]:
         """``start``'s transaction: stores new run ``row`` (updated in place if it queues) and
         returns its history."""
-        conversation_id, owner, message = row["conversation_id"], row["owner"], row["message"]
+        conversation_id = row["conversation_id"]
         start_cursor = row["start_cursor"]
         async with self._sessionmaker.begin() as session:
             await session.execute(insert(_runs), row)  # the one-active-run index decides here
-            position = await admit(session, row["id"], owner, admission) if admission is not None else None
+            position = await admit(session, row["id"], row["owner"], admission) if admission else None
             if position is not None:
                 row.update(status="queued", worker_id=None, lease_expires_at=None)
             # The conversation's row locked before anything of it is read (FollowUpRepo takes
             # the same lock): follow-ups accepted after the previous run took its last ones,
             # and kept nowhere since, join the history now, before the question, so that the
             # run's queue holds only what comes after its start.
-            await session.execute(
-                _TOUCH_CONVERSATION, {"b_id": conversation_id, "updated_at": row["created_at"]}
-            )
+            head = await _lock_conversation(session, conversation_id)
             look = (await session.execute(_START_LOOK, {"b_conversation": conversation_id})).one()
             cursor = later_cursor(start_cursor, look.last_event)
-            if cursor != start_cursor:
-                row["start_cursor"] = cursor
-                await session.execute(_SET_START_CURSOR, {"b_id": row["id"], "start_cursor": cursor})
-            late = (
-                list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
-                if look.follow_ups
-                else []
+            row["start_cursor"] = cursor
+            records = await _messages_of(session, conversation_id)
+            if placement.question_seq is not None:
+                # Answered again: the question is stored already, and the follow-ups that wait
+                # are the run's to take in (its queue looks at once).
+                question = placement.question_seq
+                parent = next((r.parent_seq for r in records if r.seq == question), None)
+                history = [r.to_chat_message() for r in path_to(records, parent)]
+                await _move_head(session, conversation_id, question, "any")
+            else:
+                parent = head if placement.under_head else placement.parent_seq
+                history = [r.to_chat_message() for r in path_to(records, parent)]
+                late = (
+                    list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
+                    if look.follow_ups
+                    else []
+                )
+                before = [
+                    *prior,
+                    *follow_up_messages([r.content for r in sorted(late, key=lambda r: r.id)]),
+                ]
+                seq = next_seq(records)
+                if before:
+                    parent = await _append_messages(
+                        session, conversation_id, None, before, parent_seq=parent, locked=True, first_seq=seq
+                    )
+                    history += before
+                    seq = parent + 1
+                question = await _append_messages(
+                    session,
+                    conversation_id,
+                    row["id"],
+                    [ChatMessage(role="user", content=row["message"])],
+                    parent_seq=parent,
+                    locked=True,
+                    first_seq=seq,
+                )
+            row["question_seq"] = question
+            await session.execute(
+                _SET_START, {"b_id": row["id"], "start_cursor": cursor, "question_seq": question}
             )
-            before = [
-                *prior,
-                *follow_up_messages([row.content for row in sorted(late, key=lambda r: r.id)]),
-            ]
-            if before:
-                await _append_messages(session, conversation_id, None, before, locked=True)
-            history, next_seq = await _history_and_next_seq(session, conversation_id)
-            await _append_messages(
-                session,
-                conversation_id,
-                row["id"],
-                [ChatMessage(role="user", content=message)],
-                locked=True,
-                first_seq=next_seq,
-            )
+            after = cursor
+            if opening is not None:
+                opened = opening(row["id"], cursor)
+                if opened.events:
+                    await _insert_events(session, [_event_row(conversation_id, e) for e in opened.events])
+                    stored = await session.scalar(
+                        select(func.count()).where(_events.c.run_id == row["id"])
+                    )
+                    if stored != len(opened.events):  # another process stored under one of the ids
+                        raise EventIdTakenError(opened.events[0].id)
+                    after = opened.events[-1].id
+                await session.execute(
+                    insert(_checkpoints),
+                    {
+                        "run_id": row["id"],
+                        "attempt": row["attempt"],
+                        "seq": 0,
+                        "after": after,
+                        "data": opened.checkpoint,
+                        "created_at": row["created_at"],
+                    },
+                )
             if position is not None and admission is not None:
                 if queued_event is not None:
-                    event = queued_event(row["id"], cursor, position)
+                    event = queued_event(row["id"], after, position)
                     if not await _insert_events(session, [_event_row(conversation_id, event)]):
                         raise EventIdTakenError(event.id)
                 await check_bound(session, admission.max_queued, exclusive=exclusive)
@@ -305,7 +382,7 @@ class RunRepo:
             raise ValueError("messages and done need their conversation_id")
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
-                _FINISH_RUN if attempt is None else _FINISH_ATTEMPT,
+                (_FINISH_RUN if attempt is None else _FINISH_ATTEMPT).returning(_runs.c.question_seq),
                 {
                     "b_id": run_id,
                     "b_attempt": attempt,
@@ -320,14 +397,25 @@ class RunRepo:
                     "finished_at": utcnow(),
                 },
             )
-            closed = bool(result.rowcount)  # type: ignore[attr-defined]
+            finished = result.first()
+            closed = finished is not None
             if conversation_id is not None:
                 if done is not None and not closed and await _holds(session, conversation_id, done):
                     return True  # this very close, committed by an earlier attempt
                 if messages and (closed or attempt is None):
                     # An attempt that lost the run adds nothing to the conversation: the attempt
-                    # that holds it adds its own.
-                    await _append_messages(session, conversation_id, run_id, messages)
+                    # that holds it adds its own, below its question (and the conversation's
+                    # current leaf moves with them while it is there).
+                    question = (
+                        finished.question_seq
+                        if finished is not None
+                        else await session.scalar(_QUESTION_OF, {"b_id": run_id})
+                    )
+                    if question is None:  # a run older than trees: below the current leaf
+                        question = await _lock_conversation(session, conversation_id)
+                    await _append_messages(
+                        session, conversation_id, run_id, messages, parent_seq=question, head_from=question
+                    )
                 if closed and follow_ups_through is not None:
                     await _delete_follow_ups(session, conversation_id, follow_ups_through)
                 if (
@@ -492,18 +580,16 @@ class RunRepo:
         return True
 
     async def history_before(self, run: RunRecord) -> list[ChatMessage]:
-        """The conversation's messages before ``run``'s question: the history it started with."""
+        """The path of the conversation's tree to ``run``'s question, the question left out: the
+        history it started with (FACES.md B-01)."""
         async with self._sessionmaker() as session:
-            first = await session.scalar(
-                select(func.min(Message.seq)).where(
-                    Message.conversation_id == run.conversation_id, Message.run_id == run.id
-                )
-            )
-            query = select(Message).where(Message.conversation_id == run.conversation_id)
-            if first is not None:
-                query = query.where(Message.seq < first)
-            rows = await session.scalars(query.order_by(Message.seq))
-            return [_message_record(row).to_chat_message() for row in rows]
+            records = await _messages_of(session, run.conversation_id)
+        if run.question_seq is not None:
+            parent = next((r.parent_seq for r in records if r.seq == run.question_seq), None)
+            return [r.to_chat_message() for r in path_to(records, parent)]
+        # A run older than trees whose question is gone: what came before its first message.
+        first = min((r.seq for r in records if r.run_id == run.id), default=None)
+        return [r.to_chat_message() for r in records if first is None or r.seq < first]
 
     async def prune(self, finished_before: datetime, effects_before: datetime, *, limit: int = 500) -> int:
         """Delete what finished runs no longer need: the checkpoints of runs that finished before
