@@ -68,3 +68,10 @@ class ApprovalClosedConflict(ServiceError):
 
     code = "approval_closed"
     status = 409
+
+
+class CallClosedConflict(ServiceError):
+    """The client call was answered already, timed out, or closed with its run (FACES.md C-03)."""
+
+    code = "call_closed"
+    status = 409

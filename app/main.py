@@ -21,7 +21,17 @@ from fastapi.staticfiles import StaticFiles
 from app import __version__
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
-from app.api.routes import approvals, conversations, health, openai_compat, runs, stream, tools
+from app.api.routes import (
+    approvals,
+    branches,
+    conversations,
+    health,
+    openai_compat,
+    runs,
+    stream,
+    tool_results,
+    tools,
+)
 from app.api.routes import models as model_routes
 from app.container import Services
 from app.db.migrate import upgrade_database
@@ -238,7 +248,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit)
     if tracing_on(settings):
         app.add_middleware(ServerSpans)
-    for module in (health, tools, model_routes, conversations, approvals, runs, stream, openai_compat):
+    for module in (
+        health,
+        tools,
+        model_routes,
+        conversations,
+        branches,
+        approvals,
+        tool_results,
+        runs,
+        stream,
+        openai_compat,
+    ):
         app.include_router(module.router)
 
     index = WEB_DIR / "index.html"

@@ -177,6 +177,11 @@ class Metrics:
             "Approvals this process expired because nobody decided in time (A-04)",
             registry=r,
         )
+        self.client_calls = Counter(
+            "agentstream_client_tool_calls_total",
+            "Calls of tools the client runs that a run waited for (FACES.md C-02)",
+            registry=r,
+        )
         self.runs_queued = Counter(
             "agentstream_runs_queued_total",
             "Runs started through this process that queued for room (RUNS.md Q-01)",

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     """Tools whose calls wait for a person (RUNS.md A-01): comma-separated names, or ``*``."""
     approval_timeout_s: float = Field(default=86400.0, gt=0, le=366 * 86400)
     """A pending approval expires after this long (A-04)."""
+    checkpoint_retention_s: float | None = Field(default=None, gt=0)
+    """How long a finished run's checkpoints are kept (unset: as long as its conversation; a run
+    is replayed from them, FACES.md B-06)."""
+    client_tool_timeout_s: float = Field(default=3600.0, gt=0, le=366 * 86400)
+    """How long a run waits for the result of a tool the client runs (FACES.md C-03)."""
     max_active_runs: int = Field(default=200, ge=1)
     """Runs one worker executes at once; beyond that they queue (RUNS.md Q-01)."""
     max_active_runs_per_owner: int | None = Field(default=None, ge=1)
@@ -110,6 +115,7 @@ class Settings(BaseSettings):
         "otel_exporter_otlp_headers",
         "otel_exporter_otlp_traces_headers",
         "otel_service_name",
+        "checkpoint_retention_s",
         mode="before",
     )
     @classmethod

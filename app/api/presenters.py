@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -9,6 +10,7 @@ import orjson
 
 from app.api.schemas import ConversationOut, EventOut, MessageOut, RunOut
 from app.db.repositories import ConversationRecord, MessageRecord, RunRecord
+from app.db.repositories.rows import path_to
 from app.streaming.bus import StoredEvent
 
 
@@ -26,8 +28,28 @@ def conversation_out(conv: ConversationRecord) -> ConversationOut:
     )
 
 
-def message_out(msg: MessageRecord) -> MessageOut:
+def branch_out(records: Sequence[MessageRecord], head: int | None) -> list[MessageOut]:
+    """The current branch (the path from the root to ``head``) of a conversation whose messages,
+    every branch's, are ``records`` (FACES.md B-01)."""
+    by_seq = {r.seq: r for r in records}
+    siblings: dict[tuple[int | None, str], list[str]] = {}
+    for r in records:  # in the order they were stored: oldest first
+        siblings.setdefault((r.parent_seq, r.role), []).append(r.public_id)
+    return [
+        message_out(
+            m,
+            parent_id=by_seq[m.parent_seq].public_id if m.parent_seq in by_seq else None,
+            sibling_ids=siblings[(m.parent_seq, m.role)],
+        )
+        for m in path_to(records, head)
+    ]
+
+
+def message_out(msg: MessageRecord, *, parent_id: str | None, sibling_ids: list[str]) -> MessageOut:
     return MessageOut(
+        id=msg.public_id,
+        parent_id=parent_id,
+        sibling_ids=sibling_ids,
         role=msg.role,
         content=msg.content,
         tool_calls=[tc.to_openai() for tc in msg.tool_calls] if msg.tool_calls else None,
@@ -38,7 +60,12 @@ def message_out(msg: MessageRecord) -> MessageOut:
     )
 
 
-def run_out(run: RunRecord, model: str, pending_approvals: list[dict[str, Any]] | None = None) -> RunOut:
+def run_out(
+    run: RunRecord,
+    model: str,
+    pending_approvals: list[dict[str, Any]] | None = None,
+    pending_tool_calls: list[dict[str, Any]] | None = None,
+) -> RunOut:
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "llm_calls": 0}
     usage.update({k: int(v) for k, v in (run.usage or {}).items() if k in usage})
     return RunOut(
@@ -57,6 +84,8 @@ def run_out(run: RunRecord, model: str, pending_approvals: list[dict[str, Any]] 
         model=model,
         pending_approvals=pending_approvals or [],
         trace_id=run.trace_id,
+        pending_tool_calls=pending_tool_calls or [],
+        replay_of=run.replay_of,
     )
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 MAX_MESSAGE_CHARS = 32_000
 
@@ -88,6 +96,26 @@ def _integral(value: object) -> object:
     return value
 
 
+CLIENT_TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class ClientToolSpec(BaseModel):
+    """A tool the client runs (FACES.md C-01): offered to the model, never run by the service."""
+
+    model_config = REQUEST
+
+    name: Annotated[str, Field(pattern=CLIENT_TOOL_NAME_PATTERN)]
+    description: (
+        Annotated[
+            str,
+            Field(max_length=4000, json_schema_extra={"pattern": NO_NUL_PATTERN}),
+            AfterValidator(_no_nul),
+        ]
+    ) = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """A JSON Schema of the call's arguments (an object)."""
+
+
 class AgentSpec(BaseModel):
     model_config = REQUEST
 
@@ -107,6 +135,8 @@ class AgentSpec(BaseModel):
         ]
         | None
     ) = None
+    client_tools: list[ClientToolSpec] | None = Field(default=None, max_length=64)
+    """Tools the client runs (FACES.md C-01)."""
 
 
 class ConversationCreate(BaseModel):
@@ -116,10 +146,29 @@ class ConversationCreate(BaseModel):
     agent: AgentSpec | None = None
 
 
+MessageId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^msg_[0-9]{1,20}$")]
+
+
 class RunCreate(BaseModel):
+    """A question (below ``parent_id`` when given: an edit, FACES.md B-02), or a question answered
+    again (``regenerate``, B-03)."""
+
     model_config = REQUEST
 
-    message: MessageText
+    message: MessageText | None = None
+    parent_id: MessageId | None = None
+    """The message the question follows (null: a conversation's first); unset: the current leaf."""
+    regenerate: MessageId | None = None
+    """A user message to answer again, or an assistant message to replace with a new sibling."""
+
+    @model_validator(mode="after")
+    def _question_or_regenerate(self) -> RunCreate:
+        if self.regenerate is not None:
+            if self.message is not None or "parent_id" in self.model_fields_set:
+                raise ValueError("regenerate goes alone: no message, no parent_id")
+        elif self.message is None:
+            raise ValueError("message is required (or regenerate)")
+        return self
 
 
 class InterruptCreate(BaseModel):
@@ -155,7 +204,9 @@ _ERROR_DESCRIPTIONS = {
     400: "`invalid_json`: the body is not JSON, not UTF-8, or nested too deeply",
     401: "`unauthorized`: no API key, or not one of API_KEYS",
     404: "`not_found`: nothing of the caller's has this id (another owner's ids are not found either)",
-    409: "`run_active` (a run is already active) or `no_active_run`",
+    409: (
+        "`run_active` (a run is already active), `no_active_run`, `approval_closed` or `call_closed`"
+    ),
     413: "`too_large`: the body is over 1,000,000 bytes",
     422: "`invalid_request`: a field or parameter is invalid; the message says which",
     429: (
@@ -196,6 +247,10 @@ class ToolInfo(BaseModel):
 
 
 class MessageOut(BaseModel):
+    id: str
+    parent_id: str | None
+    sibling_ids: list[str]
+    """The messages with the same parent and role, oldest first, itself included (FACES.md B-01)."""
     role: str
     content: str | None
     tool_calls: list[dict[str, Any]] | None = None
@@ -215,8 +270,60 @@ class ConversationOut(BaseModel):
 
 class ConversationDetail(ConversationOut):
     messages: list[MessageOut]
+    """The current branch: the path from the first message to the current leaf."""
     active_run_id: str | None
     pending_approvals: list[dict[str, Any]]
+    pending_tool_calls: list[dict[str, Any]]
+
+
+class HeadIn(BaseModel):
+    model_config = REQUEST
+
+    message_id: MessageId
+
+
+class ForkIn(BaseModel):
+    model_config = REQUEST
+
+    message_id: MessageId
+    title: Title | None = None
+
+
+class ReplayIn(BaseModel):
+    model_config = REQUEST
+
+    after: Annotated[str, Field(min_length=1, max_length=64)]
+    """The id of an event of the run: the replay starts from its last checkpoint at or before it."""
+    model: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+
+
+class ToolResultIn(BaseModel):
+    """The result of a tool the client ran (FACES.md C-03): ``output`` (any JSON) or ``error``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: Any = None
+    error: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=MAX_MESSAGE_CHARS, json_schema_extra={"pattern": NO_NUL_PATTERN}),
+            AfterValidator(_no_nul),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ToolResultIn:
+        given = {"output", "error"} & self.model_fields_set
+        if len(given) != 1 or (given == {"error"} and self.error is None):
+            raise ValueError("send exactly one of output (any JSON) or error (a string)")
+        return self
+
+
+class ToolResultOut(BaseModel):
+    call_id: str
+    status: Literal["answered"]
+    run_id: str
 
 
 class ConversationPage(BaseModel):
@@ -256,6 +363,10 @@ class RunOut(BaseModel):
     model: str
     pending_approvals: list[dict[str, Any]]
     trace_id: str | None
+    pending_tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    """Calls of tools the client runs that wait for their results (FACES.md C-02)."""
+    replay_of: str | None = None
+    """The run this one replays from a checkpoint (FACES.md B-06)."""
 
 
 class ApprovalDecisionIn(BaseModel):

@@ -17,7 +17,8 @@ from typing import Any, Literal, Protocol
 
 from app.engine.hooks import PreToolDecision, ToolCallContext
 
-DecisionStatus = Literal["approved", "denied", "expired"]
+DecisionStatus = Literal["approved", "denied", "expired", "answered"]
+"""``answered``: the client sent the result of a tool it runs (FACES.md C-03)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +35,26 @@ class ApprovalDecision:
     reason: str | None = None
     tool_args: Mapping[str, Any] | None = None
     """The arguments that run (approved): the person's edit, or None for the call's own."""
+    output: str | None = None
+    """``answered``: the client's result as the model reads it."""
+    error: str | None = None
+    """``answered``: the error the client reported instead of a result."""
 
 
 class Approvals(Protocol):
     """A run's approvals, as its caller keeps them."""
 
     def ticket(
-        self, call_id: str, tool_name: str, tool_args: Mapping[str, Any], iteration: int
+        self,
+        call_id: str,
+        tool_name: str,
+        tool_args: Mapping[str, Any],
+        iteration: int,
+        *,
+        client: bool = False,
     ) -> ApprovalTicket:
-        """The approval a call that waits for a person gets (the same for the same call)."""
+        """The approval a call that waits for a person gets (the same for the same call); with
+        ``client``, the record of a call that waits for the client's result (C-02)."""
         ...
 
     def decision(self, call_id: str) -> ApprovalDecision | None:
@@ -62,8 +74,10 @@ class RequireApproval:
         return self._every or bool(self._names)
 
     async def pre_tool_use(self, ctx: ToolCallContext) -> PreToolDecision | None:
-        if ctx.tool is None:
-            return None  # an unknown tool runs nowhere: nothing to approve
+        if ctx.tool is None or ctx.tool.client:
+            # An unknown tool runs nowhere, and a tool the client runs is in the user's hands
+            # already (its application answers for it): nothing to approve here.
+            return None
         if self._every or ctx.tool_name in self._names:
             return PreToolDecision(ask=True, reason=f"Calls of `{ctx.tool_name}` need a person's approval.")
         return None

@@ -70,17 +70,31 @@ class IterationStarted:
     iteration: int
     tool_name: str
     tool_args: dict[str, Any]
+    call_id: str | None = None
+    """The call's id (the same in its ``done``): parallel calls of one reply are told apart by it."""
+    client: bool = False
+    """A tool the client runs (FACES.md C-02): the run waits for its result."""
+    expires_at: str | None = None
+    """A client call's deadline (ISO 8601, UTC): no result by then, the model is told so."""
+    approval_id: str | None = None
+    """A client call's record (kept by the service; not on the wire)."""
     kind: Literal["iteration_start"] = "iteration_start"
     channel: ClassVar[Channel] = "step"
 
     def data(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "type": "iteration",
             "status": "start",
             "iteration": self.iteration,
             "tool_name": self.tool_name,
             "tool_args": self.tool_args,
         }
+        if self.call_id is not None:
+            out["call_id"] = self.call_id
+        if self.client:
+            out["client"] = True
+            out["expires_at"] = self.expires_at
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +106,9 @@ class IterationDone:
     iter_elapsed: float
     artifact: dict[str, str] | None = None
     """``{filename, mime_type, content}`` when the tool produced a file the UI can preview."""
+    call_id: str | None = None
+    client: bool = False
+    """The result of a tool the client ran (FACES.md C-03)."""
     kind: Literal["iteration_done"] = "iteration_done"
     channel: ClassVar[Channel] = "step"
 
@@ -105,6 +122,10 @@ class IterationDone:
             "error": self.error,
             "iter_elapsed": round(self.iter_elapsed, 4),
         }
+        if self.call_id is not None:
+            out["call_id"] = self.call_id
+        if self.client:
+            out["client"] = True
         if self.artifact is not None:
             out["artifact"] = self.artifact
         return out

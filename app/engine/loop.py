@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from app.engine import prompts
 from app.engine.approvals import ApprovalDecision, Approvals
+from app.engine.calls import CallOutcome, ParsedReply, client_outcome, with_unique_ids
 from app.engine.context import ContextGuard
 from app.engine.events import (
     ApprovalDecided,
@@ -45,7 +46,6 @@ from app.engine.state import (
     LoopState,
     PendingReply,
     PlannedCall,
-    ReplyKind,
 )
 from app.engine.synthesis import TraceStep
 from app.engine.tool_results import artifact_payload, cap_observation, observation_of
@@ -63,33 +63,6 @@ logger = logging.getLogger(__name__)
 
 MAX_BAD_REPLIES = 3
 """Consecutive malformed LLM replies (E-27) after which the run fails."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedReply:
-    """One LLM reply, read by a strategy.
-
-    ``tools``: run ``calls``. ``final``: the model is done, ``answer`` is its answer. ``unparsed``
-    (JSON mode only, E-08): ``answer`` holds the raw content.
-    """
-
-    kind: ReplyKind
-    reasoning: str
-    assistant: ChatMessage
-    calls: tuple[PlannedCall, ...] = ()
-    answer: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class CallOutcome:
-    call: PlannedCall
-    observation: str
-    """Exactly what the LLM sees."""
-    error: str | None
-    ran: bool
-    """The tool really executed (not blocked, arguments usable, tool exists): a "real" tool call."""
-    counted: bool = True
-    """The cycle detector counts it: not a call a person refused (or let expire)."""
 
 
 class LoopStrategy(Protocol):
@@ -207,7 +180,7 @@ class ToolLoop:
             s.bad_replies = 0
             add_llm_call(self.usage, reply)
 
-            parsed = self._with_unique_ids(self.strategy.parse(reply), iteration)
+            parsed = with_unique_ids(self.strategy.parse(reply), self.state.call_ids, iteration)
             await self.sink(ThinkingDone(iteration, parsed.reasoning))
             self._append(parsed.assistant, keep=parsed.kind == "tools")
             injected = await self._drain() if self.strategy.drains_before_tools else False
@@ -298,36 +271,6 @@ class ToolLoop:
         # A queue that can start from where a run left it (the service's) says how far it got.
         s.follow_up_position = getattr(self.interrupts, "position", None)
         self.journal.checkpoint(self.usage, **extra)
-
-    def _with_unique_ids(self, parsed: ParsedReply, iteration: int) -> ParsedReply:
-        """``parsed`` with every call id unique within the run (a provider may send none, or
-        ``call_0`` on every reply): the ids are the calls' idempotency keys (R-05)."""
-        if not parsed.calls:
-            return parsed
-        taken = self.state.call_ids
-        calls: list[PlannedCall] = []
-        renamed = False
-        for index, call in enumerate(parsed.calls):
-            call_id = call.call_id
-            if not call_id or call_id in taken:
-                call_id = f"call_{iteration}_{index}"
-                while call_id in taken:
-                    call_id += "x"
-                call = replace(call, call_id=call_id)
-                renamed = True
-            taken.add(call_id)
-            calls.append(call)
-        if not renamed:
-            return parsed
-        assistant = parsed.assistant
-        if len(assistant.tool_calls) == len(calls):
-            assistant = replace(
-                assistant,
-                tool_calls=tuple(
-                    replace(tc, id=call.call_id) for tc, call in zip(assistant.tool_calls, calls, strict=True)
-                ),
-            )
-        return replace(parsed, calls=tuple(calls), assistant=assistant)
 
     def _append(self, message: ChatMessage, *, keep: bool) -> None:
         self.state.messages.append(message)
@@ -424,6 +367,8 @@ class ToolLoop:
             decision = self.approvals.decision(call.call_id) if self.approvals is not None else None
             if decision is None:
                 return None  # asked already (its request is out): still no decision
+            if awaiting.client:
+                return await self._client_result(pending, call, decision, started)
             await self._announce(pending, awaiting, decision)
             if decision.status != "approved":
                 return await self._refused(pending, call, awaiting, decision, started)
@@ -434,7 +379,8 @@ class ToolLoop:
             reason = prompts.interrupted_call(call.tool_name)
             outcome = CallOutcome(call, reason, reason, ran=False)
             result = ToolResult(content="", error=reason)
-            await self.sink(IterationStarted(pending.iteration, call.tool_name, dict(call.args)))
+            args = dict(call.args)
+            await self.sink(IterationStarted(pending.iteration, call.tool_name, args, call.call_id))
         else:
             executed = await self._execute(pending, call, approved=awaiting is not None)
             if executed is None:
@@ -447,7 +393,13 @@ class ToolLoop:
         return await self._done(pending, outcome, result, started)
 
     async def _done(
-        self, pending: PendingReply, outcome: CallOutcome, result: ToolResult, started: float
+        self,
+        pending: PendingReply,
+        outcome: CallOutcome,
+        result: ToolResult,
+        started: float,
+        *,
+        client: bool = False,
     ) -> CallOutcome:
         call, iteration = outcome.call, pending.iteration
         await self.sink(
@@ -458,6 +410,8 @@ class ToolLoop:
                 error=outcome.error,
                 iter_elapsed=time.monotonic() - started,
                 artifact=artifact_payload(result),
+                call_id=call.call_id,
+                client=client,
             )
         )
         pending.results[call.call_id] = CallRecord(
@@ -473,7 +427,9 @@ class ToolLoop:
         if awaiting.call_id in pending.decided:
             return
         args = dict(decision.tool_args) if decision.tool_args is not None else awaiting.args
-        await self.sink(ApprovalDecided(awaiting.approval_id, decision.status, decision.reason, args))
+        status = "expired" if decision.status == "expired" else decision.status
+        assert status != "answered"  # a client's result is no decision to announce
+        await self.sink(ApprovalDecided(awaiting.approval_id, status, decision.reason, args))
         pending.decided.add(awaiting.call_id)
         self._checkpoint()
 
@@ -487,26 +443,51 @@ class ToolLoop:
     ) -> CallOutcome:
         """A call a person denied, or nobody decided in time: it does not run (A-03, A-04)."""
         reason = prompts.denied_call(call.tool_name, decision.reason, expired=decision.status == "expired")
-        await self.sink(IterationStarted(pending.iteration, call.tool_name, dict(awaiting.args)))
+        args = dict(awaiting.args)
+        await self.sink(IterationStarted(pending.iteration, call.tool_name, args, call.call_id))
         outcome = CallOutcome(call, reason, reason, ran=False, counted=False)
         return await self._done(pending, outcome, ToolResult(content="", error=reason), started)
 
-    async def _ask(self, pending: PendingReply, call: PlannedCall, args: dict[str, Any]) -> None:
-        """Record ``call`` as waiting for a person, and ask (A-02)."""
+    async def _client_result(
+        self, pending: PendingReply, call: PlannedCall, decision: ApprovalDecision, started: float
+    ) -> CallOutcome:
+        """A call of a tool the client runs, as its result came (or did not in time; C-03)."""
+        outcome, result = client_outcome(call, decision)
+        return await self._done(pending, outcome, result, started, client=True)
+
+    async def _ask(
+        self, pending: PendingReply, call: PlannedCall, args: dict[str, Any], *, client: bool = False
+    ) -> None:
+        """Record ``call`` as waiting for a person (A-02), or, ``client``, for the result of the
+        tool the client runs (C-02), and ask."""
         assert self.approvals is not None
         if self.journal is not None:
             # As for an idempotency key: the approval is asked for only once the reply that names
             # the call is stored, so a new attempt asks for this very call, never another one.
             await self.journal.durable()
-        ticket = self.approvals.ticket(call.call_id, call.tool_name, args, pending.iteration)
+        iteration = pending.iteration
+        ticket = self.approvals.ticket(call.call_id, call.tool_name, args, iteration, client=client)
         awaiting = AwaitingCall(
-            call.call_id, ticket.approval_id, ticket.expires_at, call.tool_name, args, pending.iteration
+            call.call_id, ticket.approval_id, ticket.expires_at, call.tool_name, args, iteration, client
         )
-        await self.sink(
-            ApprovalRequested(
-                ticket.approval_id, call.call_id, call.tool_name, args, pending.iteration, ticket.expires_at
+        if client:
+            await self.sink(
+                IterationStarted(
+                    iteration,
+                    call.tool_name,
+                    args,
+                    call.call_id,
+                    client=True,
+                    expires_at=ticket.expires_at,
+                    approval_id=ticket.approval_id,
+                )
             )
-        )
+        else:
+            await self.sink(
+                ApprovalRequested(
+                    ticket.approval_id, call.call_id, call.tool_name, args, iteration, ticket.expires_at
+                )
+            )
         pending.awaiting[call.call_id] = awaiting
         self._checkpoint()
 
@@ -521,7 +502,7 @@ class ToolLoop:
         person's approval (the call waits, and runs in a later attempt)."""
         iteration = pending.iteration
         if call.args_error is not None:
-            await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args)))
+            await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args), call.call_id))
             result = ToolResult(content="", error=call.args_error)
             return CallOutcome(call, observation_of(result), result.error, ran=False), result
         ctx = ToolCallContext(
@@ -537,14 +518,21 @@ class ToolLoop:
             approved=approved,
         )
         decision = await self.hooks.run_pre(ctx)
-        if decision.allow and decision.ask:
+        if decision.allow and ctx.tool is not None and ctx.tool.client:
+            # A tool the client runs: its application, the user's, answers for it (C-02).
+            args = dict(decision.args) if decision.args is not None else dict(call.args)
+            if self.approvals is not None:
+                await self._ask(pending, call, args, client=True)
+                return None
+            decision = replace(decision, allow=False, reason=prompts.client_call_unavailable(call.tool_name))
+        elif decision.allow and decision.ask:
             args = dict(decision.args) if decision.args is not None else dict(call.args)
             if self.approvals is not None:
                 await self._ask(pending, call, args)
                 return None
             # Nobody can approve it in this run: it does not run, and the model is told why.
             decision = replace(decision, allow=False, reason=prompts.approval_unavailable(call.tool_name))
-        await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args)))
+        await self.sink(IterationStarted(iteration, call.tool_name, dict(call.args), call.call_id))
         if not decision.allow:
             reason = decision.reason or "Blocked by a PreToolUse hook."
             # E-17: the hook's reason itself is what the model reads.

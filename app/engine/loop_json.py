@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.engine import prompts
-from app.engine.loop import CallOutcome, ParsedReply
+from app.engine.calls import CallOutcome, ParsedReply
 from app.engine.state import PlannedCall
 from app.engine.structured import extract_json
 from app.engine.tool_results import decode_args

@@ -197,3 +197,19 @@ def edited_call(tool_name: str, args: Mapping[str, Any], observation: str) -> st
     shown = json.dumps(args, ensure_ascii=False, sort_keys=True)
     note = f"(The user approved the call of `{tool_name}` with edited arguments; it ran with {shown}.)"
     return f"{note}\n{observation}"
+
+
+def client_call_unavailable(tool_name: str) -> str:
+    """C-01: a tool the client runs, called where no client can answer (the run cannot wait)."""
+    return (
+        f"The call of `{tool_name}` was not executed: it is a tool the user's application runs, and "
+        "no application can answer here. Answer without it."
+    )
+
+
+def client_call_expired(tool_name: str) -> str:
+    """C-03: a tool the client runs, whose result did not come within CLIENT_TOOL_TIMEOUT_S."""
+    return (
+        f"The call of `{tool_name}` got no result: the user's application, which runs it, did not "
+        "answer in time. Do not wait for it; change your approach or answer without it."
+    )

@@ -74,6 +74,8 @@ class AwaitingCall:
     args: dict[str, Any]
     """The arguments it asks to run with (after the PreToolUse hooks' rewrites)."""
     iteration: int
+    client: bool = False
+    """It waits for the client's result of a tool the client runs, not for a decision (C-02)."""
 
 
 @dataclass(slots=True)
@@ -96,7 +98,8 @@ class PendingReply:
     started: set[str] = field(default_factory=set)
     """Calls of tools that must not run twice, recorded (and stored) just before they started."""
     awaiting: dict[str, AwaitingCall] = field(default_factory=dict)
-    """By call id, the calls that asked for a person's approval (decided ones included)."""
+    """By call id, the calls that asked for a person's approval or wait for a client's result
+    (decided and answered ones included)."""
     decided: set[str] = field(default_factory=set)
     """Calls whose decision the run has announced (its ``approval`` event is out)."""
 
@@ -208,11 +211,15 @@ def _record_from_json(data: Sequence[Any]) -> CallRecord:
 
 
 def _awaiting_to_json(call: AwaitingCall) -> list[Any]:
-    return [call.approval_id, call.expires_at, call.tool_name, call.args, call.iteration]
+    out = [call.approval_id, call.expires_at, call.tool_name, call.args, call.iteration]
+    if call.client:
+        out.append(True)
+    return out
 
 
 def _awaiting_from_json(call_id: str, data: Sequence[Any]) -> AwaitingCall:
-    return AwaitingCall(call_id, data[0], data[1], data[2], dict(data[3]), int(data[4]))
+    client = bool(data[5]) if len(data) > 5 else False
+    return AwaitingCall(call_id, data[0], data[1], data[2], dict(data[3]), int(data[4]), client)
 
 
 def _pending_to_json(pending: PendingReply) -> dict[str, Any]:

@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-import orjson
-
 from app.db.errors import ConversationNotFoundError
 from app.db.repositories import ConversationRecord, EventRepo, RunRepo
 from app.db.repositories.rows import follow_up_messages
@@ -31,6 +29,7 @@ from app.engine.events import (
     EngineEvent,
     FellBack,
     IterationDone,
+    IterationStarted,
     RunDone,
     RunResumed,
     ThinkingStarted,
@@ -41,7 +40,8 @@ from app.engine.state import RunCheckpoint
 from app.llm.base import ChatMessage
 from app.llm.models import ModelRegistry
 from app.observability import Metrics, conversation_id_var, run_id_var
-from app.runs.approvals import ApprovalDesk, RunApprovals, approval_policy
+from app.runs.approvals import ApprovalDesk, RunApprovals, approval_policy, client_tools_of
+from app.runs.checkpointer import RunCheckpointer
 from app.runs.closing import (
     close_row,
     close_with_done,
@@ -52,7 +52,7 @@ from app.runs.follow_ups import DurableInterruptQueue
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent
 from app.streaming.publisher import RunPublisher
-from app.streaming.store import CheckpointRecord, EventPersistError, Fence, HoldClock
+from app.streaming.store import EventPersistError, Fence, HoldClock
 from app.tools.registry import ToolRegistry
 from app.tracing import NO_TRACING, Tracing
 from app.tracing.genai import NoRunSpan, RunSpan
@@ -101,6 +101,8 @@ class ActiveRun:
     """The configured model the run is bound to (its row's ``model``; None: the default)."""
     trace_parent: str | None = None
     """The request that started the run (W3C traceparent): the parent of the attempt's span."""
+    client_tools: list[dict[str, Any]] | None = None
+    """Tools the client runs declared for this run alone (its row's; FACES.md C-01)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,68 +115,6 @@ class Resume:
     after: str
     decisions: Mapping[str, ApprovalDecision] = field(default_factory=dict)
     announce: bool = True
-
-
-class RunCheckpointer:
-    """The engine's ``Checkpointer`` for one attempt: checkpoints ride with the run's events to the
-    database (one group commit for both), numbered within the attempt."""
-
-    def __init__(
-        self,
-        publisher: RunPublisher,
-        queue: DurableInterruptQueue,
-        run_id: str,
-        attempt: int,
-        metrics: Metrics,
-        *,
-        first_seq: int,
-    ) -> None:
-        self._publisher = publisher
-        self._queue = queue
-        self._run_id = run_id
-        self._attempt = attempt
-        self._metrics = metrics
-        self._seq = first_seq
-        self._taken = queue.position
-        self._values: list[Any] | None = None
-        """The scalars of the last checkpoint (``"v"``), to store the usage alone at a hand-over."""
-
-    def wants_full(self) -> bool:
-        return self._publisher.checkpoints_lost
-
-    def record(self, delta: dict[str, Any]) -> None:
-        self._values = delta.get("v", self._values)
-        data = orjson.dumps(delta, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-        full = bool(delta.get("full"))
-        record = CheckpointRecord(self._run_id, self._attempt, self._seq, data, full=full)
-        if self._queue.position != self._taken or (full and self._taken is not None):
-            # The follow-ups the checkpoint records as taken leave the queue with it (again, with a
-            # whole-state checkpoint: the one that took them may be the one the store lost).
-            self._taken = self._queue.position
-            record = replace(record, follow_ups_through=self._taken)
-        self._publisher.checkpoint(record)
-        self._seq += 1
-        self._metrics.checkpoints.inc()
-
-    async def durable(self) -> None:
-        await self._publisher.stored()
-
-    def record_usage(self, usage: Usage, values: list[Any] | None) -> None:
-        """A last checkpoint with the usage of every call made so far (R-06): calls whose replies
-        no checkpoint holds yet (the attempt stops mid-iteration) are made again, and counted."""
-        last = self._values if self._values is not None else values
-        if last is None:
-            return
-        now = [
-            *last[:6],
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            usage.total_tokens,
-            usage.llm_calls,
-            *last[10:],
-        ]
-        if now != last:
-            self.record({"v": now})
 
 
 def agent_config(settings: Settings, conversation: ConversationRecord) -> AgentConfig:
@@ -284,10 +224,13 @@ class Executor:
             name=f"run-{active.run_id}",
         )
 
-    def _tools_for(self, conversation: ConversationRecord) -> ToolRegistry:
+    def _tools_for(self, conversation: ConversationRecord, active: ActiveRun) -> ToolRegistry:
         names = (conversation.agent_config or {}).get("tools")
         # No list means every tool; an empty list means none (an agent that only talks).
         tools = self.tools if names is None else self.tools.subset(names)
+        declared = client_tools_of(conversation, active.client_tools)
+        if declared:
+            tools = tools.with_tools(t for t in declared if t.name not in tools)
         return self.tracing.tools(tools)
 
     async def _execute(
@@ -370,6 +313,17 @@ class Executor:
                 if stored is None:
                     return  # decided already: announced once, when it was asked for
                 event = stored
+            elif isinstance(event, IterationStarted) and event.client:
+                # Stored before it is announced, as an approval: a result sent at once finds it.
+                stored_call = await self.approvals.store_client_call(
+                    event,
+                    run_id=active.run_id,
+                    conversation_id=active.conversation_id,
+                    owner=conversation.owner,
+                )
+                if stored_call is None:
+                    return  # answered already: announced once, when it was asked for
+                event = stored_call
             await publisher.publish(event)
 
         if resume is not None:
@@ -391,7 +345,7 @@ class Executor:
 
         llm = self.models.for_run(model, fell_back)
         agent = ReActAgent(
-            llm, self._tools_for(conversation), agent_config(self.settings, conversation), hooks
+            llm, self._tools_for(conversation, active), agent_config(self.settings, conversation), hooks
         )
         checkpointer = RunCheckpointer(
             publisher,
@@ -429,6 +383,7 @@ class Executor:
                         active.run_id,
                         self.settings.approval_timeout_s,
                         resume.decisions if resume is not None else {},
+                        self.settings.client_tool_timeout_s,
                     )
                     if (conversation.agent_config or {}).get("ask_approvals", True)
                     else None

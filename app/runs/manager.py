@@ -27,6 +27,7 @@ from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo,
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
 from app.db.repositories.queue import Admission, RunQueue
+from app.db.repositories.runs import UNDER_HEAD, Opening, Placement
 from app.engine.events import RunQueued
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueueFullError
@@ -42,7 +43,8 @@ from app.llm.models import ModelRegistry
 from app.observability import Metrics
 from app.runs.approvals import ApprovalDesk
 from app.runs.capacity import Room
-from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues
+from app.runs.execution import ActiveRun, CancelReason, Executor, InterruptQueues, Resume
+from app.runs.replay import ReplayStart
 from app.runs.takeover import Takeover
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent, later_cursor
@@ -213,7 +215,14 @@ class RunManager:
         return await self.takeover.last_cursor(conversation_id)
 
     async def start_run(
-        self, conversation: ConversationRecord, message: str, *, prior: Sequence[ChatMessage] = ()
+        self,
+        conversation: ConversationRecord,
+        message: str,
+        *,
+        prior: Sequence[ChatMessage] = (),
+        placement: Placement = UNDER_HEAD,
+        client_tools: list[dict[str, Any]] | None = None,
+        replay: ReplayStart | None = None,
     ) -> RunRecord:
         """Start a run on ``message`` in the background; the conversation's messages are its history.
         If this worker is full, its owner at its cap, or runs queue already, the run queues instead
@@ -221,6 +230,9 @@ class RunManager:
 
         ``prior`` are earlier turns that came with the question (the OpenAI-compatible route sends
         a whole chat): they are stored in the conversation before it, so they are this run's history.
+        ``placement``: where the question goes in the conversation's tree (FACES.md B-02, B-03);
+        ``client_tools``: tools the client runs, for this run alone (C-01); ``replay``: the run
+        starts from another run's checkpoint (B-06).
         """
         if not self._accepting:
             raise ShuttingDownError("this worker is shutting down; retry on another worker")
@@ -229,12 +241,23 @@ class RunManager:
         with contextlib.suppress(Exception):
             bus_last = await self.bus.last_id(conv_id)
         # Read before the start, which takes what waits then: a later follow-up moves the hint.
-        seen = await self.interrupt_queue(conv_id).version()
+        # (A question answered again takes nothing at its start: its queue looks at once.)
+        seen = await self.interrupt_queue(conv_id).version() if placement.question_seq is None else None
         queued: list[StoredEvent] = []
+        opened: list[Opening] = []
 
         def queued_event(run_id: str, after: str, position: int) -> StoredEvent:
             queued[:] = [stamp_after(RunQueued(position), run_id, after)]
             return queued[0]
+
+        def opening(run_id: str, after: str) -> Opening:
+            assert replay is not None
+            opened[:] = [replay.opening(run_id, after)]
+            return opened[0]
+
+        model = (conversation.agent_config or {}).get("model")
+        if replay is not None and replay.model:
+            model = replay.model
 
         settings = self.settings
         with self.room.reserve() as room:
@@ -250,7 +273,7 @@ class RunManager:
                     lease_s=settings.run_lease_s,
                     start_cursor=later_cursor(bus_last, None),
                     prior=prior,
-                    model=self.executor.models.resolve((conversation.agent_config or {}).get("model")),
+                    model=self.executor.models.resolve(model),
                     # The request's span: each attempt's span is its child, on whichever worker.
                     trace_parent=self.executor.tracing.traceparent(),
                     admission=Admission(
@@ -259,38 +282,60 @@ class RunManager:
                     if self.queue is not None
                     else None,
                     queued_event=queued_event,
+                    placement=placement,
+                    client_tools=client_tools,
+                    opening=opening if replay is not None else None,
+                    replay_of=replay.source_run_id if replay is not None else None,
                 )
             except RunActiveError as exc:
                 raise RunActiveConflict("a run is already active in this conversation") from exc
             except QueueFullError as exc:
                 self.metrics.runs_refused.inc()
                 raise QueueFullConflict(str(exc)) from exc
+            if opened and opened[0].events:
+                await self._announce(run, opened[0].events, "the replayed steps")
             if run.status == "queued":
                 await self._announce_queued(run, queued[0])
                 return run
             # What the queue held (accepted after the previous run took its last follow-ups, in the
             # moment before its close) is in this run's history now (RunRepo.start).
             self.metrics.runs_started.inc()
+            last_id = run.start_cursor
+            resume: Resume | None = None
+            if replay is not None:
+                last_id = opened[0].events[-1].id if opened[0].events else run.start_cursor
+                resume = Resume(replay.state, last_id, announce=False)
             self.executor.launch(
-                ActiveRun(run.id, conv_id, model=run.model, trace_parent=run.trace_parent),
+                ActiveRun(
+                    run.id,
+                    conv_id,
+                    model=run.model,
+                    trace_parent=run.trace_parent,
+                    client_tools=client_tools,
+                ),
                 conversation,
                 message,
                 history,
-                run.start_cursor,
+                last_id,
+                resume,
                 seen=seen,
             )
         return run
+
+    async def _announce(self, run: RunRecord, events: list[StoredEvent], what: str) -> None:
+        """Events stored with a run's start, to its followers (a follower that misses them reads
+        them from the database: the next event names them)."""
+        try:
+            await self.bus.append(run.conversation_id, events)
+        except Exception as exc:
+            log.warning(f"could not publish {what}", extra={"error": repr(exc)})
 
     async def _announce_queued(self, run: RunRecord, event: StoredEvent) -> None:
         """A run that queued: its ``queued`` phase (stored with it) to its followers, and word to
         every worker, so that one with room takes it at once (Q-01)."""
         self.metrics.runs_queued.inc()
         log.info("run queued", extra={"run_id": run.id, "conversation_id": run.conversation_id})
-        try:
-            await self.bus.append(run.conversation_id, [event])
-        except Exception as exc:
-            # Stored already: a follower reads it from the database (the next event names it).
-            log.warning("could not publish the queued phase", extra={"error": repr(exc)})
+        await self._announce(run, [event], "the queued phase")
         try:
             await self.released_signal.request(run.id, run.conversation_id)
         except Exception as exc:  # the claim loops find it on their next pass

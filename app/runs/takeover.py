@@ -48,8 +48,6 @@ log = logging.getLogger("app.runs")
 CLAIM_INTERVAL_S = 2.0
 """Longest pause between two looks for runs to take over (a released run is announced at once)."""
 PRUNE_INTERVAL_S = 60.0
-CHECKPOINTS_KEPT_S = 600.0
-"""A finished run's checkpoints are deleted this long after it finished (nothing reads them)."""
 EFFECTS_KEPT_S = 7 * 86400.0
 """Tool effects (idempotency records) are kept at least this long, and twice APPROVAL_TIMEOUT_S."""
 
@@ -247,11 +245,15 @@ class Takeover:
                 await asyncio.wait_for(self._wake.wait(), timeout=interval)
 
     async def prune(self) -> int:
-        """Delete the checkpoints of runs that finished a while ago, and old tool effects."""
+        """Delete old tool effects and, with CHECKPOINT_RETENTION_S set, the checkpoints of runs
+        that finished that long ago (a run is replayed from them, FACES.md B-06: by default they
+        are kept as long as their conversation)."""
         now = utcnow()
         keep_effects = max(EFFECTS_KEPT_S, 2 * self.settings.approval_timeout_s)
+        retention = self.settings.checkpoint_retention_s
         gone = await self.runs.prune(
-            now - timedelta(seconds=CHECKPOINTS_KEPT_S), now - timedelta(seconds=keep_effects)
+            now - timedelta(seconds=retention) if retention is not None else None,
+            now - timedelta(seconds=keep_effects),
         )
         gone += await self.executor.approvals.repo.close_orphans()
         if gone:
@@ -352,6 +354,12 @@ class Takeover:
             await self.close_unheld(run, RunCheckpoint(), "failed", error)
             return
         history = await self.runs.history_before(run)
+        # A replay queued with the checkpoint it starts from (FACES.md B-06): it starts there.
+        rows = await self.runs.checkpoints(run.id, run.attempt) if run.replay_of is not None else []
+        resume = None
+        if rows:
+            state = RunCheckpoint.fold(_deltas(rows))
+            resume = Resume(state, rows[-1].after or run.start_cursor, announce=False)
         self.metrics.runs_started.inc()
         log.info(
             "took a queued run",
@@ -365,11 +373,13 @@ class Takeover:
                 started=time.monotonic() - max(0.0, time.time() - run.created_at.timestamp()),
                 model=run.model,
                 trace_parent=run.trace_parent,
+                client_tools=run.client_tools,
             ),
             conversation,
             run.message,
             history,
             await self.last_cursor(run.conversation_id),
+            resume,
         )
 
     async def take_over(self, run: RunRecord, now: datetime | None = None) -> bool:
@@ -479,6 +489,7 @@ class Takeover:
             iterations=state.iterations(),
             model=run.model,
             trace_parent=run.trace_parent,
+            client_tools=run.client_tools,
         )
         # Only a run that asked for approvals has decisions to read.
         asked = state.pending is not None and bool(state.pending.awaiting)

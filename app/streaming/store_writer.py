@@ -42,14 +42,23 @@ def backoff(attempt: int, cap: float) -> float:
     return min(cap, 0.02 * 2.0**attempt) * (0.5 + random.random() / 2)
 
 
+def _placed(checkpoint: CheckpointRecord) -> str:
+    """A delta's JSON object with the id of the last event it covers (cursors need no escaping)."""
+    if checkpoint.after is None or not checkpoint.data.startswith("{"):
+        return checkpoint.data
+    rest = checkpoint.data[1:]
+    return f'{{"@a":"{checkpoint.after}"' + ("," + rest if rest != "}" else "}")
+
+
 def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
     """The checkpoints of one batch as one row: a JSON list of their deltas, under the last one's
-    place (a row a batch, whatever the number of safe points it covers)."""
+    place (a row a batch, whatever the number of safe points it covers). Each delta keeps the last
+    event it covers as ``"@a"``: a run is replayed from any of its safe points (FACES.md B-06)."""
     if len(checkpoints) < 2:
         return checkpoints
     last = checkpoints[-1]
     taken = [c.follow_ups_through for c in checkpoints if c.follow_ups_through is not None]
-    data = "[" + ",".join(c.data for c in checkpoints) + "]"
+    data = "[" + ",".join(_placed(c) for c in checkpoints) + "]"
     full = any(c.full for c in checkpoints)
     return [replace(last, data=data, follow_ups_through=max(taken) if taken else None, full=full)]
 

@@ -86,6 +86,9 @@ class Tool:
     is told that the call was interrupted and may or may not have taken effect."""
     takes_invocation: bool = False
     """``func`` takes the keyword argument ``invocation`` (a ``ToolInvocation``)."""
+    client: bool = False
+    """A tool the client runs (FACES.md C-01): offered to the model, never run here; a call of it
+    waits for its result from the client (``func`` is never called)."""
 
     def one_line(self, width: int = 80) -> str:
         """Compact catalog line for tool selection: name and first line of the description."""
@@ -139,6 +142,13 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def with_tools(self, tools: Iterable[Tool]) -> ToolRegistry:
+        """This registry with ``tools`` added after its own (a name it has is refused)."""
+        reg = ToolRegistry(dict(self._tools), self._observer)
+        for tool in tools:
+            reg.register(tool)
+        return reg
 
     def subset(self, names: Iterable[str]) -> ToolRegistry:
         """A registry of the named tools that exist here, in the order given; unknown names are skipped."""
@@ -217,3 +227,12 @@ def _encodable(result: ToolResult) -> ToolResult:
     return ToolResult(
         content=_clean(result.content), error=error, artifact=artifact, error_type=result.error_type
     )
+
+
+async def _client_runs_it(**_: Any) -> str:
+    raise RuntimeError("a tool the client runs is never run by the service")
+
+
+def client_tool(name: str, description: str, parameters: Mapping[str, Any]) -> Tool:
+    """A tool the client runs (FACES.md C-01), as the model is offered it."""
+    return Tool(name, description, dict(parameters), _client_runs_it, client=True)

@@ -25,3 +25,17 @@ def argument_errors(schema: Mapping[str, Any], args: Mapping[str, Any], *, limit
         where = "/".join(str(p) for p in error.absolute_path)
         out.append(f"{where}: {error.message}" if where else error.message)
     return out
+
+
+def schema_errors(schema: Mapping[str, Any]) -> list[str]:
+    """What makes ``schema`` no JSON Schema (2020-12) at all, with its ``pattern``s compiled too
+    (empty: it is one): a tool the client declares must be callable with what the model sends."""
+    try:
+        Draft202012Validator.check_schema(dict(schema))
+        Draft202012Validator(dict(schema)).is_valid({})
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return [f"{where}: {exc.message}" if where else exc.message]
+    except (ValueError, TypeError, LookupError) as exc:  # a pattern that is no regex, an unknown format...
+        return [str(exc)[:200]]
+    return []

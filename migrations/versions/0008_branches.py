@@ -32,13 +32,52 @@ OLD_STATUSES = "status IN ('pending', 'approved', 'denied', 'expired', 'cancelle
 NEW_STATUSES = "status IN ('pending', 'approved', 'denied', 'expired', 'cancelled', 'answered')"
 
 
-def _approval_statuses(new: str) -> None:
+def _approvals_table(statuses: str) -> sa.Table:
+    """The approvals table as this revision has it, with the status check ``statuses``: batch mode
+    copies it from here, so that the upgrade can be written out as SQL offline too."""
+    return sa.Table(
+        "approvals",
+        sa.MetaData(),
+        sa.Column("id", sa.String(length=64), nullable=False),
+        sa.Column("run_id", sa.String(length=64), nullable=False),
+        sa.Column("conversation_id", sa.String(length=64), nullable=False),
+        sa.Column("owner", sa.String(length=200), nullable=False),
+        sa.Column("call_id", sa.String(length=200), nullable=False),
+        sa.Column("tool_name", sa.String(length=200), nullable=False),
+        sa.Column("tool_args", sa.JSON(), nullable=False),
+        sa.Column("iteration", sa.Integer(), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("decided_args", sa.JSON(none_as_null=True), nullable=True),
+        sa.Column("decided_by", sa.String(length=200), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("decided_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("kind", sa.String(length=16), server_default="approval", nullable=False),
+        sa.Column("output", sa.JSON(none_as_null=True), nullable=True),
+        sa.CheckConstraint(statuses, name="ck_approvals_status"),
+        sa.ForeignKeyConstraint(
+            ["conversation_id"],
+            ["conversations.id"],
+            name="fk_approvals_conversation_id_conversations",
+            ondelete="CASCADE",
+        ),
+        sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name="fk_approvals_run_id_runs", ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id", name="pk_approvals"),
+        sa.Index("ix_approvals_run_id", "run_id"),
+        sa.Index("ix_approvals_conversation_id", "conversation_id"),
+        sa.Index("ix_approvals_owner_status_created_at", "owner", "status", "created_at"),
+        sa.Index("ix_approvals_status_expires_at", "status", "expires_at"),
+    )
+
+
+def _approval_statuses(old: str, new: str) -> None:
     if op.get_context().dialect.name != "sqlite":
         op.drop_constraint(op.f("ck_approvals_status"), "approvals", type_="check")
         op.create_check_constraint(op.f("ck_approvals_status"), "approvals", new)
         return
     # A check constraint cannot be altered in place on SQLite: batch mode rebuilds the table.
-    with op.batch_alter_table("approvals", recreate="always") as batch:
+    with op.batch_alter_table("approvals", copy_from=_approvals_table(old), recreate="always") as batch:
         batch.drop_constraint(op.f("ck_approvals_status"), type_="check")
         batch.create_check_constraint(op.f("ck_approvals_status"), new)
 
@@ -54,7 +93,7 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(length=16), server_default="approval", nullable=False),
     )
     op.add_column("approvals", sa.Column("output", sa.JSON(none_as_null=True), nullable=True))
-    _approval_statuses(NEW_STATUSES)
+    _approval_statuses(OLD_STATUSES, NEW_STATUSES)
     # One chain a conversation, in the order its messages were stored (B-08).
     op.execute(
         sa.text(
@@ -99,7 +138,7 @@ def downgrade() -> None:
         )
     )
     op.execute(sa.text("DELETE FROM approvals WHERE kind = 'client'"))
-    _approval_statuses(OLD_STATUSES)
+    _approval_statuses(NEW_STATUSES, OLD_STATUSES)
     with op.batch_alter_table("approvals") as batch:
         batch.drop_column("output")
         batch.drop_column("kind")

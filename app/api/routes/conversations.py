@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import time
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
 
 from app.api.deps import OwnerDep, ServicesDep
-from app.api.presenters import conversation_out, message_out
+from app.api.presenters import branch_out, conversation_out
 from app.api.schemas import (
     Accepted,
     ConversationCreate,
@@ -28,8 +28,10 @@ from app.api.schemas import (
 )
 from app.container import Services
 from app.db.repositories import ConversationRecord, decode_page_cursor
-from app.errors import InvalidInputError, NoActiveRunError, NotFoundError
-from app.runs.approvals import approval_item
+from app.errors import InvalidInputError, NoActiveRunError, NotFoundError, RunActiveConflict
+from app.runs.approvals import approval_item, tool_call_item
+from app.runs.branches import question_of
+from app.tools.schema_check import schema_errors
 
 router = APIRouter(tags=["conversations"])
 
@@ -47,6 +49,27 @@ async def owned_conversation(services: Services, owner: str, conversation_id: st
     if conv is None:
         raise NotFoundError("conversation not found")
     return conv
+
+
+def check_client_tools(services: Services, tools: list[dict[str, Any]]) -> None:
+    """Tools the client runs (FACES.md C-01): names of their own, parameters a JSON Schema of an
+    object; 422 otherwise."""
+    seen: set[str] = set()
+    for tool in tools:
+        name = tool["name"]
+        if name in services.tools:
+            raise InvalidInputError(f"client tool {name!r}: the service has a tool of that name")
+        if name in seen:
+            raise InvalidInputError(f"client tool {name!r} is declared twice")
+        seen.add(name)
+        parameters = tool.get("parameters") or {}
+        problems = schema_errors(parameters)
+        if parameters.get("type", "object") != "object":
+            problems.insert(0, "its type must be object")
+        if problems:
+            raise InvalidInputError(
+                f"client tool {name!r}: parameters are not a usable JSON Schema: {problems[0]}"
+            )
 
 
 def stream_url(conversation_id: str) -> str:
@@ -72,6 +95,7 @@ async def create_conversation(
         raise InvalidInputError(f"unknown tools: {', '.join(unknown)}; see GET /api/tools")
     if "model" in agent and agent["model"] not in services.models:
         raise InvalidInputError(f"unknown model {agent['model']!r}; see GET /api/models")
+    check_client_tools(services, agent.get("client_tools") or [])
     conv = await services.conversations.create(owner, body.title or "New conversation", agent)
     return conversation_out(conv)
 
@@ -115,15 +139,22 @@ async def get_conversation(
     conversation_id: IdPath, services: ServicesDep, owner: OwnerDep
 ) -> ConversationDetail:
     conv = await owned_conversation(services, owner, conversation_id)
+    return await conversation_detail(services, conv)
+
+
+async def conversation_detail(services: Services, conv: ConversationRecord) -> ConversationDetail:
+    """The conversation with its current branch and what its active run waits for."""
     messages = await services.conversations.messages(conv.id)
+    head = await services.conversations.head(conv.id)
     active = await services.runs.active(conv.id)
     pending = await services.approvals.pending(conversation_id=conv.id)
-    base = conversation_out(conv)
+    calls = await services.approvals.pending(conversation_id=conv.id, kind="client")
     return ConversationDetail(
-        **base.model_dump(),
-        messages=[message_out(m) for m in messages],
+        **conversation_out(conv).model_dump(),
+        messages=branch_out(messages, head),
         active_run_id=active.id if active else None,
         pending_approvals=[approval_item(a) for a in pending],
+        pending_tool_calls=[tool_call_item(c) for c in calls],
     )
 
 
@@ -159,7 +190,21 @@ async def start_run(
     conversation_id: IdPath, body: RunCreate, services: ServicesDep, owner: OwnerDep
 ) -> RunStarted:
     conv = await owned_conversation(services, owner, conversation_id)
-    run = await services.manager.start_run(conv, body.message)
+    if await services.runs.active(conv.id) is not None and (
+        body.regenerate is not None or "parent_id" in body.model_fields_set
+    ):
+        # B-07: the branch the active run writes to is the current one until it ends.
+        raise RunActiveConflict("a run is already active in this conversation")
+    question = await question_of(
+        services.conversations,
+        services.runs,
+        conv,
+        message=body.message,
+        parent_id=body.parent_id,
+        parent_given="parent_id" in body.model_fields_set,
+        regenerate=body.regenerate,
+    )
+    run = await services.manager.start_run(conv, question.text, placement=question.placement)
     return RunStarted(
         run_id=run.id,
         conversation_id=conv.id,

@@ -10,7 +10,7 @@ from app.api.schemas import EventOut, RunOut, error_responses, is_resource_id
 from app.container import Services
 from app.db.repositories import RunRecord
 from app.errors import NotFoundError
-from app.runs.approvals import approval_item
+from app.runs.approvals import approval_item, tool_call_item
 
 router = APIRouter(tags=["runs"])
 ERRORS = error_responses(401, 404, 422)
@@ -27,7 +27,13 @@ async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
 async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
     run = await owned_run(services, owner, run_id)
     pending = await services.approvals.pending(run_ids=[run.id])
-    return run_out(run, run.model or services.models.default, [approval_item(a) for a in pending])
+    calls = await services.approvals.pending(run_ids=[run.id], kind="client")
+    return run_out(
+        run,
+        run.model or services.models.default,
+        [approval_item(a) for a in pending],
+        [tool_call_item(c) for c in calls],
+    )
 
 
 @router.get("/api/runs/{run_id}/events", response_model=list[EventOut], responses=ERRORS)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy import case, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -52,6 +52,10 @@ class ApprovalRecord:
     created_at: datetime
     expires_at: datetime
     decided_at: datetime | None
+    kind: str = "approval"
+    """``approval`` (a person decides) or ``client`` (a tool the client runs; FACES.md C-02)."""
+    output: dict[str, Any] | None = None
+    """A client call's result: ``{"output": any}`` or ``{"error": str}``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ class NewApproval:
     tool_args: Mapping[str, Any]
     iteration: int
     expires_at: datetime
+    kind: str = "approval"
 
 
 def _record(row: Any) -> ApprovalRecord:
@@ -84,6 +89,8 @@ def _record(row: Any) -> ApprovalRecord:
         created_at=row.created_at,
         expires_at=row.expires_at,
         decided_at=row.decided_at,
+        kind=row.kind,
+        output=dict(row.output) if row.output is not None else None,
     )
 
 
@@ -125,6 +132,7 @@ class ApprovalRepo:
             "status": "pending",
             "created_at": utcnow(),
             "expires_at": new.expires_at,
+            "kind": new.kind,
         }
         try:
             async with self._sessionmaker.begin() as session:
@@ -178,6 +186,7 @@ class ApprovalRepo:
                 update(Approval)
                 .where(
                     Approval.id == approval_id,
+                    Approval.kind == "approval",
                     Approval.status == "pending",
                     Approval.expires_at > now,
                     _RUN_ACTIVE,
@@ -207,6 +216,48 @@ class ApprovalRepo:
         )
         return decided_record, goes_on
 
+    async def answer(self, found: ApprovalRecord, output: Mapping[str, Any]) -> tuple[ApprovalRecord, bool]:
+        """Store the result of a client call that waits for it (FACES.md C-03): ``output`` is
+        ``{"output": any}`` or ``{"error": str}``. Returns the call and whether its run goes on
+        now (nothing of it pending any more). Raises ``ApprovalClosedError`` when the call was
+        answered, expired or closed with its run before: the first result stands."""
+        now = utcnow()
+        async with self._sessionmaker.begin() as session:
+            await _lock_run(session, found.run_id)
+            answered = await session.execute(
+                update(Approval)
+                .where(
+                    Approval.id == found.id,
+                    Approval.kind == "client",
+                    Approval.status == "pending",
+                    Approval.expires_at > now,
+                    _RUN_ACTIVE,
+                )
+                .values(status="answered", output=dict(output), decided_at=now)
+            )
+            if not answered.rowcount:  # type: ignore[attr-defined]
+                current = await session.scalar(select(Approval.status).where(Approval.id == found.id))
+                if current == "pending":
+                    run_status = await session.scalar(select(Run.status).where(Run.id == found.run_id))
+                    current = "expired" if run_status in ("running", "waiting") else "closed with its run"
+                raise ApprovalClosedError(str(current or "gone"))
+            goes_on = await _go_on_if_decided(session, found.run_id)
+        return replace(found, status="answered", output=dict(output), decided_at=now), goes_on
+
+    async def client_call(self, conversation_id: str, call_id: str) -> ApprovalRecord | None:
+        """The conversation's latest client call of id ``call_id`` (ids are unique within a run)."""
+        rows = await self._all(
+            select(Approval)
+            .where(
+                Approval.conversation_id == conversation_id,
+                Approval.call_id == call_id,
+                Approval.kind == "client",
+            )
+            .order_by(Approval.created_at.desc())
+            .limit(1)
+        )
+        return rows[0] if rows else None
+
     async def expire_due(self, now: datetime | None = None, *, limit: int = 100) -> tuple[int, list[str]]:
         """Expire the pending approvals whose time ran out (A-04); returns how many, and the runs
         that go on because of it."""
@@ -231,7 +282,14 @@ class ApprovalRepo:
                     .where(
                         Approval.run_id == run_id, Approval.status == "pending", Approval.expires_at <= now
                     )
-                    .values(status="expired", reason="nobody decided in time", decided_at=now)
+                    .values(
+                        status="expired",
+                        reason=case(
+                            (Approval.kind == "client", "no result came in time"),
+                            else_="nobody decided in time",
+                        ),
+                        decided_at=now,
+                    )
                 )
                 expired += result.rowcount  # type: ignore[attr-defined]
                 if await _go_on_if_decided(session, run_id):
@@ -269,10 +327,16 @@ class ApprovalRepo:
         )
 
     async def pending(
-        self, *, owner: str | None = None, conversation_id: str | None = None, run_ids: Sequence[str] = ()
+        self,
+        *,
+        owner: str | None = None,
+        conversation_id: str | None = None,
+        run_ids: Sequence[str] = (),
+        kind: str = "approval",
     ) -> list[ApprovalRecord]:
-        """Pending approvals, oldest first: an owner's, a conversation's, or some runs'."""
-        query = select(Approval).where(Approval.status == "pending", _RUN_ACTIVE)
+        """Pending approvals (``kind`` ``client``: client calls that wait for their results),
+        oldest first: an owner's, a conversation's, or some runs'."""
+        query = select(Approval).where(Approval.status == "pending", Approval.kind == kind, _RUN_ACTIVE)
         if owner is not None:
             query = query.where(Approval.owner == owner)
         if conversation_id is not None:
@@ -284,7 +348,9 @@ class ApprovalRepo:
     async def count_pending(self) -> int:
         async with self._sessionmaker() as session:
             query = (
-                select(func.count()).select_from(Approval).where(Approval.status == "pending", _RUN_ACTIVE)
+                select(func.count())
+                .select_from(Approval)
+                .where(Approval.status == "pending", Approval.kind == "approval", _RUN_ACTIVE)
             )
             return int(await session.scalar(query) or 0)
 

@@ -124,6 +124,14 @@ class ConversationRepo:
             records = await _messages_of(session, conversation_id)
         return [record.to_chat_message() for record in path_to(records, head)]
 
+    async def head(self, conversation_id: str) -> int | None:
+        """The seq of the conversation's current leaf (None: no message yet)."""
+        async with self._sessionmaker() as session:
+            head: int | None = await session.scalar(
+                select(Conversation.head_seq).where(Conversation.id == conversation_id)
+            )
+        return head
+
     async def switch(self, conversation_id: str, seq: int) -> int:
         """Make the newest leaf below message ``seq`` (itself, if it has no child) the current
         leaf (FACES.md B-04); returns its seq. Raises ``RunActiveError`` while a run of the

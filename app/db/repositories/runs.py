@@ -105,6 +105,10 @@ class Placement:
     question_seq: int | None = None
 
 
+UNDER_HEAD = Placement()
+"""A question asked below the conversation's current leaf (what a run without more does)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Opening:
     """What a run that starts from a checkpoint of another (a replay, FACES.md B-06) stores with
@@ -180,7 +184,7 @@ class RunRepo:
         trace_parent: str | None = None,
         admission: Admission | None = None,
         queued_event: Callable[[str, str, int], StoredEvent] | None = None,
-        placement: Placement = Placement(),
+        placement: Placement = UNDER_HEAD,
         client_tools: list[dict[str, Any]] | None = None,
         opening: Callable[[str, str], Opening] | None = None,
         replay_of: str | None = None,
@@ -521,6 +525,17 @@ class RunRepo:
                 )
         return claimed
 
+    async def all_checkpoints(self, run_id: str) -> list[tuple[int, CheckpointRow]]:
+        """Every checkpoint of every attempt of the run, in order, with its attempt (B-06)."""
+        query = (
+            select(_checkpoints.c.attempt, _checkpoints.c.seq, _checkpoints.c.after, _checkpoints.c.data)
+            .where(_checkpoints.c.run_id == run_id)
+            .order_by(_checkpoints.c.attempt, _checkpoints.c.seq)
+        )
+        async with self._sessionmaker() as session:
+            rows = await session.execute(query)
+            return [(row.attempt, CheckpointRow(row.seq, row.after, row.data)) for row in rows]
+
     async def checkpoints(self, run_id: str, attempt: int) -> list[CheckpointRow]:
         async with self._sessionmaker() as session:
             rows = await session.execute(_CHECKPOINTS, {"b_run": run_id, "b_attempt": attempt})
@@ -591,11 +606,13 @@ class RunRepo:
         first = min((r.seq for r in records if r.run_id == run.id), default=None)
         return [r.to_chat_message() for r in records if first is None or r.seq < first]
 
-    async def prune(self, finished_before: datetime, effects_before: datetime, *, limit: int = 500) -> int:
+    async def prune(
+        self, finished_before: datetime | None, effects_before: datetime, *, limit: int = 500
+    ) -> int:
         """Delete what finished runs no longer need: the checkpoints of runs that finished before
-        ``finished_before`` and the tool effects recorded before ``effects_before`` (RUNS.md R-05,
-        R-12: a key is only asked again by an attempt of a run that is still active). Returns how
-        many rows went."""
+        ``finished_before`` (None: none) and the tool effects recorded before ``effects_before``
+        (RUNS.md R-05, R-12: a key is only asked again by an attempt of a run that is still
+        active). Returns how many rows went."""
         done = (
             select(Run.id)
             .where(Run.status.in_(sorted(FINAL_STATUSES)), Run.finished_at < finished_before)
@@ -603,7 +620,7 @@ class RunRepo:
             .limit(limit)
         )
         async with self._sessionmaker.begin() as session:
-            runs = list(await session.scalars(done))
+            runs = list(await session.scalars(done)) if finished_before is not None else []
             gone = 0
             if runs:
                 result = await session.execute(delete(_checkpoints).where(_checkpoints.c.run_id.in_(runs)))

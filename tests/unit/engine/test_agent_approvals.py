@@ -29,7 +29,13 @@ class Gate:
         self.tickets: list[str] = []
 
     def ticket(
-        self, call_id: str, tool_name: str, tool_args: Mapping[str, Any], iteration: int
+        self,
+        call_id: str,
+        tool_name: str,
+        tool_args: Mapping[str, Any],
+        iteration: int,
+        *,
+        client: bool = False,
     ) -> ApprovalTicket:
         self.tickets.append(call_id)
         return ApprovalTicket(f"apr_{call_id}", EXPIRES)
