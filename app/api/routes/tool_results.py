@@ -28,7 +28,10 @@ async def tool_result(
     conversation_id: IdPath, call_id: str, body: ToolResultIn, services: ServicesDep, owner: OwnerDep
 ) -> ToolResultOut:
     conv = await owned_conversation(services, owner, conversation_id)
-    call = await services.approvals.client_call(conv.id, call_id) if len(call_id) <= 200 else None
+    # An id no call can have (too long, or with a NUL, which PostgreSQL refuses in a query) is
+    # unknown, not a database error.
+    usable = len(call_id) <= 200 and "\x00" not in call_id
+    call = await services.approvals.client_call(conv.id, call_id) if usable else None
     if call is None:
         raise NotFoundError("no call of a tool the client runs has that id in this conversation")
     answered_with_error = "error" in body.model_fields_set
