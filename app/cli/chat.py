@@ -63,16 +63,20 @@ class ChatSession:
             conversation_id = conversation.get("id") or conversation.get("conversation_id")
             if not isinstance(conversation_id, str):
                 raise CliError("the server created a conversation but sent no id")
+        return self.start(conversation_id, lambda: self._client.start_run(conversation_id, question))
+
+    def start(
+        self, conversation_id: str, start_run: Callable[[], dict[str, Any]], *, note: str | None = None
+    ) -> int:
+        """Start a run with ``start_run`` (a request answered like ``POST .../runs``: a question,
+        an edit, a regenerate) and follow it; ``note`` says what it does."""
         self._renderer.info(f"conversation: {conversation_id}")
+        if note:
+            self._renderer.info(note)
         try:
-            run = self._client.start_run(conversation_id, question)
+            run = start_run()
         except ApiError as exc:
-            if exc.code == "run_active":
-                raise CliError(
-                    f"{exc.message}; follow it with `agentstream watch {conversation_id}` "
-                    f"or stop it with `agentstream cancel {conversation_id}`"
-                ) from None
-            raise
+            raise run_active_error(exc, conversation_id) from None
         run_id = run.get("run_id")
         return self.follow(conversation_id, run_id=run_id if isinstance(run_id, str) else None)
 
@@ -186,3 +190,13 @@ class ChatSession:
             return
         self._renderer.break_line()
         self._renderer.info(f"· {reason}; reconnecting (attempt {attempt}/{self._max_retries})")
+
+
+def run_active_error(exc: ApiError, conversation_id: str) -> CliError:
+    """A ``409 run_active`` as what to do about it; any other error unchanged."""
+    if exc.code != "run_active":
+        return exc
+    return CliError(
+        f"{exc.message}; follow it with `agentstream watch {conversation_id}` "
+        f"or stop it with `agentstream cancel {conversation_id}`"
+    )

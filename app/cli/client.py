@@ -107,6 +107,32 @@ class ApiClient:
         path = f"/api/conversations/{_seg(conversation_id)}/runs"
         return self._object(self.request("POST", path, json={"message": message}))
 
+    def get_conversation(self, conversation_id: str) -> dict[str, Any]:
+        """The conversation with its current branch as ``messages`` (FACES.md B-01)."""
+        return self._object(self.request("GET", f"/api/conversations/{_seg(conversation_id)}"))
+
+    def edit(self, conversation_id: str, message: str, parent_id: str | None) -> dict[str, Any]:
+        """Ask ``message`` below ``parent_id`` (None: as the first message), beside the question
+        being edited (B-02)."""
+        path = f"/api/conversations/{_seg(conversation_id)}/runs"
+        return self._object(self.request("POST", path, json={"message": message, "parent_id": parent_id}))
+
+    def regenerate(self, conversation_id: str, message_id: str) -> dict[str, Any]:
+        """Answer a user message again, or an assistant message's question with a sibling (B-03)."""
+        path = f"/api/conversations/{_seg(conversation_id)}/runs"
+        return self._object(self.request("POST", path, json={"regenerate": message_id}))
+
+    def fork(self, conversation_id: str, message_id: str, title: str | None = None) -> dict[str, Any]:
+        """A new conversation whose messages are the path to ``message_id`` (B-05)."""
+        body = {"message_id": message_id, **({"title": title} if title else {})}
+        path = f"/api/conversations/{_seg(conversation_id)}/fork"
+        return self._object(self.request("POST", path, json=body))
+
+    def switch(self, conversation_id: str, message_id: str) -> dict[str, Any]:
+        """Make the newest leaf below ``message_id`` the current leaf (B-04); the conversation."""
+        path = f"/api/conversations/{_seg(conversation_id)}/head"
+        return self._object(self.request("PUT", path, json={"message_id": message_id}))
+
     def interrupt(self, conversation_id: str, content: str) -> dict[str, Any]:
         path = f"/api/conversations/{_seg(conversation_id)}/interrupt"
         return self._object(self.request("POST", path, json={"content": content}))

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from app.cli import branches
 from app.cli.chat import ChatSession, Prompt
 from app.cli.client import ApiClient, ApiError, CliError
 from app.cli.config import DEFAULT_URL, CliSettings
@@ -20,8 +21,8 @@ from app.cli.render import HumanRenderer, JsonRenderer, Renderer
 Handler = Callable[[argparse.Namespace], int]
 
 EPILOG = """\
-exit codes: 0 success (for chat/watch: the run completed), 1 error or a run that failed or was
-cancelled, 130 interrupted or detached with Ctrl-C (the run keeps going on the server).
+exit codes: 0 success (for chat/watch/edit/regenerate: the run completed), 1 error or a run that
+failed or was cancelled, 130 interrupted or detached with Ctrl-C (the run keeps going on the server).
 """
 
 
@@ -144,8 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--events", action="store_true", help="print the run's stored events")
     runs.set_defaults(handler=cmd_runs)
 
+    _add_branch_commands(commands, [remote, as_json])
+
     conversations = commands.add_parser(
-        "conversations", parents=[remote, as_json], help="list your conversations, newest first"
+        "conversations",
+        parents=[remote, as_json],
+        help="list your conversations, newest first, or show one",
+        description="List your conversations, newest first; with CONVERSATION_ID, show that one's "
+        'current branch: each message\'s id, role, "n/m" among its siblings (edits and regenerates '
+        "of the same message) with their ids, and the start of its text.",
+    )
+    conversations.add_argument(
+        "conversation_id", nargs="?", metavar="CONVERSATION_ID", help="show this conversation's messages"
     )
     conversations.add_argument("--limit", type=_positive_int, metavar="N", help="at most N conversations")
     conversations.add_argument("--cursor", metavar="CURSOR", help="continue a previous listing")
@@ -154,6 +165,70 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", parents=[remote, as_json], help="list the models agents can use")
     models.set_defaults(handler=cmd_models)
     return parser
+
+
+def _add_branch_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], parents: list[argparse.ArgumentParser]
+) -> None:
+    """``edit``, ``regenerate``, ``fork``, ``switch`` (FACES.md B-09); ``app.cli.branches`` does them."""
+    ids = "message ids: `agentstream conversations CONVERSATION_ID`"
+    edit = commands.add_parser(
+        "edit",
+        parents=parents,
+        help="change a question and follow the new answer",
+        usage="agentstream edit [-h] [--url URL] [--key KEY] [--json] [-v] "
+        "CONVERSATION_ID [MESSAGE_ID] TEXT...",
+        description="Ask TEXT in place of a question (MESSAGE_ID; default: the last question of the "
+        "current branch) and follow the run like `chat`. The new question goes beside the old one, "
+        f"which stays reachable with `agentstream switch`; {ids}.",
+        epilog=EPILOG,
+    )
+    edit.add_argument("conversation_id", metavar="CONVERSATION_ID")
+    edit.add_argument(
+        "words",
+        nargs="+",
+        metavar="TEXT",
+        help="the new question, after the id of the question to change if not the last (msg_<n>)",
+    )
+    regenerate = commands.add_parser(
+        "regenerate",
+        parents=parents,
+        help="answer a question again and follow the new answer",
+        description="A new answer beside an answer (MESSAGE_ID; default: the last answer of the current "
+        "branch, or its last question when its run ended without one), or a question (a user message) "
+        f"answered again; the run is followed like `chat`'s; {ids}.",
+        epilog=EPILOG,
+    )
+    regenerate.add_argument("conversation_id", metavar="CONVERSATION_ID")
+    regenerate.add_argument("message_id", nargs="?", type=_message_id, metavar="MESSAGE_ID")
+    for command, handler in ((edit, cmd_edit), (regenerate, cmd_regenerate)):
+        command.add_argument(
+            "-v", "--verbose", action="store_true", help="show reasoning and full tool output"
+        )
+        command.set_defaults(handler=handler)
+
+    fork = commands.add_parser(
+        "fork",
+        parents=parents,
+        help="start a new conversation from the path to a message",
+        description="A new conversation (same agent settings) whose messages are copies of the path to "
+        f"MESSAGE_ID (default: the current leaf); the original does not change; {ids}.",
+    )
+    fork.add_argument("conversation_id", metavar="CONVERSATION_ID")
+    fork.add_argument("message_id", nargs="?", type=_message_id, metavar="MESSAGE_ID")
+    fork.add_argument("--title", metavar="TEXT", help='its title (default: "<the original\'s> (fork)")')
+    fork.set_defaults(handler=cmd_fork)
+
+    switch = commands.add_parser(
+        "switch",
+        parents=parents,
+        help="make another branch of a conversation the current one",
+        description="The newest leaf below MESSAGE_ID (an edited question, a regenerated answer) becomes "
+        f"the current leaf; shows the branch then; {ids}.",
+    )
+    switch.add_argument("conversation_id", metavar="CONVERSATION_ID")
+    switch.add_argument("message_id", type=_message_id, metavar="MESSAGE_ID")
+    switch.set_defaults(handler=cmd_switch)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -195,14 +270,41 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        session = ChatSession(client, _renderer(args), Prompt(interactive=sys.stdin.isatty()))
-        return session.chat(args.question, args.conversation, model=args.model)
+        return _session(args, client).chat(args.question, args.conversation, model=args.model)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        session = ChatSession(client, _renderer(args), Prompt(interactive=sys.stdin.isatty()))
-        return session.follow(args.conversation_id, after=args.after)
+        return _session(args, client).follow(args.conversation_id, after=args.after)
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    message_id, text = branches.edit_words(args.words)
+    with _client(args) as client:
+        return branches.edit(client, _session(args, client), args.conversation_id, message_id, text)
+
+
+def cmd_regenerate(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        return branches.regenerate(client, _session(args, client), args.conversation_id, args.message_id)
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        forked = branches.fork(client, args.conversation_id, args.message_id, args.title)
+    if args.json:
+        print(json.dumps(forked, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{forked.get('id', '?')}  {forked.get('title') or '(untitled)'}")
+    print(f'continue with: agentstream chat "..." --conversation {forked.get("id", "?")}')
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        detail = branches.switch(client, args.conversation_id, args.message_id)
+    _print_conversation(args, detail)
+    return 0
 
 
 def cmd_interrupt(args: argparse.Namespace) -> int:
@@ -289,6 +391,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_conversations(args: argparse.Namespace) -> int:
+    if args.conversation_id is not None:
+        if args.limit is not None or args.cursor is not None:
+            raise CliError("--limit and --cursor page the list of conversations, not one conversation")
+        with _client(args) as client:
+            _print_conversation(args, client.get_conversation(args.conversation_id))
+        return 0
     with _client(args) as client:
         page = client.list_conversations(limit=args.limit, cursor=args.cursor)
     if args.json:
@@ -355,6 +463,18 @@ def _client(args: argparse.Namespace) -> ApiClient:
     return ApiClient(args.url or settings.agentstream_url, key)
 
 
+def _print_conversation(args: argparse.Namespace, detail: dict[str, Any]) -> None:
+    print(
+        json.dumps(detail, indent=2, ensure_ascii=False)
+        if args.json
+        else branches.format_conversation(detail)
+    )
+
+
+def _session(args: argparse.Namespace, client: ApiClient) -> ChatSession:
+    return ChatSession(client, _renderer(args), Prompt(interactive=sys.stdin.isatty()))
+
+
 def _renderer(args: argparse.Namespace) -> Renderer:
     if args.json:
         return JsonRenderer(sys.stdout, sys.stderr)
@@ -396,6 +516,12 @@ def _tolerate_unencodable_output() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
+
+
+def _message_id(text: str) -> str:
+    if not branches.is_message_id(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a message id: they look like msg_12")
+    return text
 
 
 def _positive_int(text: str) -> int:
