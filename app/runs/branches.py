@@ -34,17 +34,17 @@ def find_message(records: Sequence[MessageRecord], public_id: str) -> MessageRec
     return found
 
 
-def check_parent(records: Sequence[MessageRecord], parent: MessageRecord) -> None:
+def check_parent(records: Sequence[MessageRecord], parent: MessageRecord, field: str = "parent_id") -> None:
     """A question may follow any message after which a conversation can go on: not an assistant
     message that asks for tools (its results follow it), nor a tool result that others of the
-    same reply follow."""
+    same reply follow. ``field``: the request's name for ``parent``, for the 422's message."""
     if parent.role == "assistant" and parent.tool_calls:
         raise InvalidInputError(
-            "parent_id names an assistant message that calls tools: a question cannot follow it "
+            f"{field} names an assistant message that calls tools: a question cannot follow it "
             "before their results; name the answer of that run, or its question's parent"
         )
     if parent.role == "tool" and any(r.parent_seq == parent.seq and r.role == "tool" for r in records):
-        raise InvalidInputError("parent_id names a tool result that others of the same call follow")
+        raise InvalidInputError(f"{field} names a tool result that others of the same call follow")
 
 
 async def question_of(

@@ -28,7 +28,7 @@ from app.db.errors import RunActiveError
 from app.db.repositories.runs import Placement
 from app.errors import InvalidInputError, NotFoundError, RunActiveConflict
 from app.runs import replay
-from app.runs.branches import find_message
+from app.runs.branches import check_parent, find_message
 
 router = APIRouter(tags=["branches"])
 _ACTIVE = "a run is active in this conversation: its branch is the current one until it ends"
@@ -63,7 +63,11 @@ async def fork(
 ) -> ConversationOut:
     """A new conversation whose messages are the path to ``message_id`` (B-05)."""
     conv = await owned_conversation(services, owner, conversation_id)
-    target = find_message(await services.conversations.messages(conv.id), body.message_id)
+    records = await services.conversations.messages(conv.id)
+    target = find_message(records, body.message_id)
+    # The fork's next question follows that message: a provider refuses a history whose tool
+    # calls have no results after them.
+    check_parent(records, target, "message_id")
     if await services.runs.active(conv.id) is not None:
         raise RunActiveConflict(_ACTIVE)
     forked = await services.conversations.fork(conv, target.seq, body.title or f"{conv.title} (fork)"[:200])
