@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,8 +17,12 @@ from sqlalchemy.pool import NullPool
 
 from app.db.migrate import downgrade_database, upgrade_database
 from app.db.models import Base
-from app.db.repositories import EventRepo, RunRecord, RunRepo
+from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.approvals import ApprovalRepo, NewApproval
+from app.db.repositories.rows import path_to
+from app.db.repositories.runs import UNDER_HEAD, Placement
 from app.db.session import Database, create_engine
+from app.llm.base import ChatMessage, ToolCall
 
 APP_TABLES = {
     "conversations",
@@ -270,7 +275,8 @@ async def test_the_message_reasoning_revision_keeps_messages_and_stores_reasonin
     await execute(
         database_url,
         "INSERT INTO messages (conversation_id, run_id, seq, role, content, tool_calls, pinned, created_at, "
-        "reasoning, parent_seq) VALUES ('conv_old', NULL, 1, 'assistant', 'ok', NULL, false, :now, 'thought', 0)",
+        "reasoning, parent_seq) "
+        "VALUES ('conv_old', NULL, 1, 'assistant', 'ok', NULL, false, :now, 'thought', 0)",
         {"now": now},
     )
     # As this version stores it: below the first message, the conversation's current leaf now.
@@ -381,3 +387,254 @@ async def test_the_run_queue_revision_indexes_the_queue_and_its_downgrade_hands_
     )
     assert await scalar(database_url, "SELECT status FROM runs WHERE id = 'run_old'") == "running"
     assert await scalar(database_url, "SELECT worker_id FROM runs WHERE id = 'run_old'") is None
+
+
+def old_message(
+    conversation: str, seq: int, role: str, content: str | None, run_id: str | None, **more: Any
+) -> dict[str, Any]:
+    """A row of ``messages`` as revision 0007 stored it: one list a conversation, in ``seq`` order."""
+    return {
+        "conversation_id": conversation,
+        "run_id": run_id,
+        "seq": seq,
+        "role": role,
+        "content": content,
+        "tool_calls": more.get("tool_calls"),
+        "tool_call_id": more.get("tool_call_id"),
+        "name": None,
+        "pinned": more.get("pinned", False),
+        "created_at": datetime(2026, 11, 1, 12, 0, seq, tzinfo=UTC),
+        "reasoning": None,
+    }
+
+
+CALL = {"id": "call_1", "name": "calculator", "arguments": '{"expression": "4*3"}'}
+OLD_MESSAGES = {
+    "conv_a": [
+        ("user", "What is 2+2?", "run_a1", {}),
+        ("assistant", "4", "run_a1", {}),
+        ("user", "And times 3?", "run_a2", {}),
+        ("assistant", None, "run_a2", {"tool_calls": json.dumps([CALL])}),
+        ("tool", "4*3 = 12", "run_a2", {"tool_call_id": "call_1"}),
+        ("assistant", "Twelve.", "run_a2", {}),
+        ("user", "in words, please", None, {"pinned": True}),  # a follow-up no run took in
+        ("user", "Thanks!", "run_a3", {}),  # a run that failed before it answered
+    ],
+    "conv_b": [
+        ("user", "Hello", "run_b1", {}),
+        ("assistant", "Hi!", "run_b1", {}),
+        ("user", "Bye", "run_b2", {}),
+        ("assistant", "Bye!", "run_b2", {}),
+    ],
+}
+OLD_RUNS = {
+    "run_a1": "conv_a",
+    "run_a2": "conv_a",
+    "run_a3": "conv_a",
+    "run_b1": "conv_b",
+    "run_b2": "conv_b",
+}
+
+
+async def test_the_branches_revision_makes_each_old_conversation_one_chain_that_reads_as_before(
+    database_url: str,
+) -> None:
+    await asyncio.to_thread(upgrade_database, database_url, "0007")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    for conv, owner in (("conv_a", "alice"), ("conv_b", "bob")):
+        await execute(
+            database_url,
+            "INSERT INTO conversations (id, owner, title, agent_config, created_at, updated_at) "
+            "VALUES (:id, :owner, 'old', '{}', :now, :now)",
+            {"id": conv, "owner": owner, "now": now},
+        )
+    for run_id, conv in OLD_RUNS.items():
+        row = {
+            **FINISHED_RUN,
+            "id": run_id,
+            "conversation_id": conv,
+            "owner": "alice" if conv == "conv_a" else "bob",
+            "status": "failed" if run_id == "run_a3" else "completed",
+        }
+        await execute(
+            database_url,
+            f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})",
+            row,
+        )
+    # The two conversations' messages stored in turns, so that their ids interleave.
+    rows = [
+        old_message(conv, seq, role, content, run_id, **more)
+        for seq in range(max(len(m) for m in OLD_MESSAGES.values()))
+        for conv, messages in OLD_MESSAGES.items()
+        if seq < len(messages)
+        for role, content, run_id, more in [messages[seq]]
+    ]
+    for row in rows:
+        await execute(
+            database_url,
+            f"INSERT INTO messages ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})",
+            row,
+        )
+
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    chains = await rows_of(
+        database_url, "SELECT conversation_id, seq, parent_seq FROM messages ORDER BY conversation_id, seq"
+    )
+    assert chains == [
+        (conv, seq, seq - 1 if seq else None)
+        for conv, messages in OLD_MESSAGES.items()
+        for seq in range(len(messages))
+    ]
+    assert await rows_of(database_url, "SELECT id, head_seq FROM conversations ORDER BY id") == [
+        (conv, len(messages) - 1) for conv, messages in OLD_MESSAGES.items()
+    ]
+    first_of_run = {
+        run_id: min(seq for seq, m in enumerate(OLD_MESSAGES[conv]) if m[2] == run_id)
+        for run_id, conv in OLD_RUNS.items()
+    }
+    assert dict(await rows_of(database_url, "SELECT id, question_seq FROM runs")) == first_of_run
+
+    db = Database(database_url)
+    try:
+        conversations, runs = ConversationRepo(db.sessionmaker), RunRepo(db.sessionmaker)
+        histories = {conv: await conversations.history(conv) for conv in OLD_MESSAGES}
+        records = {conv: await conversations.messages(conv) for conv in OLD_MESSAGES}
+        before_run = {}
+        for run_id, conv in OLD_RUNS.items():
+            run = await runs.get("alice" if conv == "conv_a" else "bob", run_id)
+            assert run is not None
+            before_run[run_id] = await runs.history_before(run)
+    finally:
+        await db.dispose()
+    for conv, messages in OLD_MESSAGES.items():
+        expected = [
+            ChatMessage(
+                role=role,  # type: ignore[arg-type]
+                content=content,
+                tool_calls=(ToolCall(**CALL),) if "tool_calls" in more else (),
+                tool_call_id=more.get("tool_call_id"),
+                pinned=more.get("pinned", False),
+            )
+            for role, content, _, more in messages
+        ]
+        assert histories[conv] == expected
+        assert [r.to_chat_message() for r in records[conv]] == expected
+        assert [r.run_id for r in records[conv]] == [run_id for _, _, run_id, _ in messages]
+        for run_id, of in OLD_RUNS.items():
+            if of == conv:
+                assert before_run[run_id] == expected[: first_of_run[run_id]], run_id
+
+
+async def rows_of(url: str, statement: str) -> list[tuple[Any, ...]]:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            return [tuple(row) for row in await conn.execute(text(statement))]
+    finally:
+        await engine.dispose()
+
+
+async def test_the_branches_revision_downgrade_keeps_the_current_path_and_drops_client_tool_calls(
+    database_url: str,
+) -> None:
+    await asyncio.to_thread(upgrade_database, database_url)
+    db = Database(database_url)
+    try:
+        conversations, runs = ConversationRepo(db.sessionmaker), RunRepo(db.sessionmaker)
+        approvals = ApprovalRepo(db.sessionmaker)
+        conv = await conversations.create("alice", "branched", {})
+        waiting = await conversations.create("alice", "waiting", {})
+
+        async def turn(question: str, answer: str, placement: Placement = UNDER_HEAD) -> None:
+            run, _ = await runs.start(
+                conv.id,
+                "alice",
+                question,
+                worker_id="w1",
+                lease_s=30,
+                start_cursor="0-0",
+                placement=placement,
+            )
+            await runs.finish(
+                run.id,
+                status="completed",
+                answer=answer,
+                iterations=1,
+                usage={},
+                elapsed=0.1,
+                error=None,
+                pending_injections=[],
+                messages=[ChatMessage(role="assistant", content=answer)],
+                conversation_id=conv.id,
+            )
+
+        await turn("first question", "first answer")
+        await turn("second question", "second answer")
+        seqs = {m.content: m.seq for m in await conversations.messages(conv.id)}
+        # An edit of the second question, then back to the older branch: the current path is not
+        # the newest one.
+        await turn(
+            "second question, edited",
+            "edited answer",
+            Placement(under_head=False, parent_seq=seqs["first answer"]),
+        )
+        await conversations.switch(conv.id, seqs["second question"])
+        kept = [
+            (m.role, m.content)
+            for m in path_to(await conversations.messages(conv.id), await conversations.head(conv.id))
+        ]
+        assert kept == [
+            ("user", "first question"),
+            ("assistant", "first answer"),
+            ("user", "second question"),
+            ("assistant", "second answer"),
+        ]
+        # A run waiting for a person's approval and for a tool the client runs.
+        run, _ = await runs.start(
+            waiting.id, "alice", "use both tools", worker_id="w1", lease_s=30, start_cursor="0-0"
+        )
+        expires = datetime(2099, 1, 1, tzinfo=UTC)
+        for kind, call in (("approval", "call_a"), ("client", "call_c")):
+            await approvals.request(
+                NewApproval(
+                    f"apr_{kind}", run.id, waiting.id, "alice", call, f"{kind}_tool", {}, 1, expires, kind
+                )
+            )
+        assert await approvals.park(run.id, 1, "w1") == "waiting"
+        assert (await runs.get("alice", run.id)).status == "waiting"  # type: ignore[union-attr]
+    finally:
+        await db.dispose()
+
+    await asyncio.to_thread(downgrade_database, database_url, "0007")
+
+    assert (
+        await rows_of(
+            database_url,
+            f"SELECT role, content FROM messages WHERE conversation_id = '{conv.id}' ORDER BY seq",
+        )
+        == kept
+    )
+    assert await rows_of(
+        database_url, f"SELECT role, content FROM messages WHERE conversation_id = '{waiting.id}'"
+    ) == [("user", "use both tools")]
+    assert await rows_of(database_url, "SELECT id, status FROM approvals") == [("apr_approval", "pending")]
+    ((status, error),) = await rows_of(database_url, f"SELECT status, error FROM runs WHERE id = '{run.id}'")
+    assert status == "failed" and "downgraded" in error
+    columns = await inspect_database(
+        database_url,
+        lambda c: {
+            t: {col["name"] for col in inspect(c).get_columns(t)} for t in ("messages", "approvals", "runs")
+        },
+    )
+    assert not columns["messages"] & {"parent_seq"} and not columns["approvals"] & {"kind", "output"}
+    assert not columns["runs"] & {"question_seq", "client_tools", "replay_of"}
+
+    # Upgraded again, the kept path is the conversation's one chain.
+    await asyncio.to_thread(upgrade_database, database_url)
+    db = Database(database_url)
+    try:
+        history = await ConversationRepo(db.sessionmaker).history(conv.id)
+    finally:
+        await db.dispose()
+    assert [(m.role, m.content) for m in history] == kept
