@@ -149,11 +149,39 @@ class ConversationCreate(BaseModel):
 MessageId = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^msg_[0-9]{1,20}$")]
 
 
+def _one_of(fields: dict[str, list[str]], non_null: tuple[str, ...]) -> Any:
+    """A body's JSON Schema saying which fields go together: exactly one of ``fields``' keys, each
+    with the fields it admits beside it (and the ``non_null`` ones never null)."""
+
+    def shape(schema: dict[str, Any]) -> None:
+        props = schema.get("properties", {})
+        for name in non_null:
+            options = props.get(name, {}).get("anyOf")
+            if options:
+                kept = [o for o in options if o.get("type") != "null"]
+                props[name].pop("anyOf")
+                props[name].update(kept[0] if len(kept) == 1 else {"anyOf": kept})
+        every = set(props)
+        schema["oneOf"] = [
+            {
+                "required": [key],
+                "not": {"anyOf": [{"required": [other]} for other in sorted(every - {key, *with_it})]},
+            }
+            for key, with_it in fields.items()
+        ]
+
+    return shape
+
+
 class RunCreate(BaseModel):
     """A question (below ``parent_id`` when given: an edit, FACES.md B-02), or a question answered
     again (``regenerate``, B-03)."""
 
-    model_config = REQUEST
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra=_one_of({"message": ["parent_id"], "regenerate": []}, ("message", "regenerate")),
+    )
 
     message: MessageText | None = None
     parent_id: MessageId | None = None
@@ -300,7 +328,9 @@ class ReplayIn(BaseModel):
 class ToolResultIn(BaseModel):
     """The result of a tool the client ran (FACES.md C-03): ``output`` (any JSON) or ``error``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=_one_of({"output": [], "error": []}, ("error",))
+    )
 
     output: Any = None
     error: (

@@ -179,13 +179,10 @@ async def stream(
     del request, access_token  # read by StreamOwnerDep
     conv = await owned_conversation(services, owner, conversation_id)
     # An EventSource reconnect sends Last-Event-ID and may still carry the original ?after=:
-    # the header is the newer position.
+    # the header is the newer position (a malformed ?after= is refused all the same).
+    cursor: str | None = _valid_cursor(after, "after") if after else None
     if last_event_id:
-        cursor: str | None = _valid_cursor(last_event_id.strip(), "Last-Event-ID")
-    elif after:
-        cursor = _valid_cursor(after, "after")
-    else:
-        cursor = None
+        cursor = _valid_cursor(last_event_id.strip(), "Last-Event-ID")
     if cursor is None:
         run = await services.runs.active(conv.id) or await services.runs.latest(conv.id)
         # No run yet: the stream waits for the first one (a client may subscribe before it

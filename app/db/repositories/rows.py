@@ -186,7 +186,10 @@ def message_public_id(message_id: int) -> str:
 
 def parse_message_id(public_id: str) -> int | None:
     """The database id of a message's API id, or None if it is not one."""
-    if not public_id.startswith("msg_") or not public_id[4:].isdigit() or len(public_id) > 24:
+    digits = public_id[4:]
+    if not public_id.startswith("msg_") or not digits.isascii() or not digits.isdigit() or len(digits) > 18:
+        return None
+    if digits != str(int(digits)):  # msg_007 is no id the service hands out (msg_7 is)
         return None
     return int(public_id[4:])
 

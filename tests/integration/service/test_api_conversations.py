@@ -39,7 +39,13 @@ def test_create_without_a_body_then_read_it_back(stack_api: Api) -> None:
     assert isinstance(created["id"], str) and created["id"]
     assert created["title"]
     assert created["agent"] == {}
-    assert detail == {**created, "messages": [], "active_run_id": None, "pending_approvals": []}
+    assert detail == {
+        **created,
+        "messages": [],
+        "active_run_id": None,
+        "pending_approvals": [],
+        "pending_tool_calls": [],
+    }
 
 
 def test_create_with_title_and_agent_spec_keeps_both(alice: Api) -> None:

@@ -76,8 +76,10 @@ def test_a_run_is_202_streams_to_done_and_its_record_and_events_match_the_stream
     assert set(run) == {
         "run_id", "conversation_id", "status", "answer", "iterations", "usage", "elapsed", "error",
         "created_at", "finished_at", "attempt", "model", "pending_approvals", "trace_id",
+        "pending_tool_calls", "replay_of",
     }  # fmt: skip
     assert (run["attempt"], run["pending_approvals"], run["trace_id"]) == (1, [], None)
+    assert (run["pending_tool_calls"], run["replay_of"]) == ([], None)
     # The configured model's name: without LLM_MODELS the one model is "default" (the demo here).
     assert run["model"] == "default" == done["model"]
     assert run["run_id"] == started["run_id"]
