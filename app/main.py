@@ -47,7 +47,7 @@ from app.observability import Metrics, configure_logging
 from app.runs.follow_ups import DurableInterruptQueue, FollowUpHints, MemoryFollowUpHints
 from app.runs.instrumented import InstrumentedLLM
 from app.runs.manager import RunManager
-from app.runs.takeover import new_worker_id
+from app.runs.workers import new_worker_id
 from app.settings import Settings
 from app.streaming.bus import EventBus
 from app.streaming.memory import MemoryEventBus

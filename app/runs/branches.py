@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from app.db.repositories import ConversationRecord, ConversationRepo, MessageRecord, RunRepo
 from app.db.repositories.rows import parse_message_id
-from app.db.repositories.runs import UNDER_HEAD, Placement
+from app.db.repositories.run_start import UNDER_HEAD, Placement
 from app.errors import InvalidInputError, NotFoundError
 
 

@@ -27,7 +27,7 @@ from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo,
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
 from app.db.repositories.queue import Admission, RunQueue
-from app.db.repositories.runs import UNDER_HEAD, Opening, Placement
+from app.db.repositories.run_start import UNDER_HEAD, Opening, Placement
 from app.engine.events import RunQueued
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueueFullError

@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from app.db.repositories.runs import CheckpointRow, Opening
+from app.db.repositories.run_start import Opening
+from app.db.repositories.runs import CheckpointRow
 from app.engine.state import PendingReply, RunCheckpoint
 from app.streaming.bus import StoredEvent, next_cursor, parse_cursor
 from app.streaming.publisher import wall_clock_ms

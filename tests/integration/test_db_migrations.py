@@ -20,7 +20,7 @@ from app.db.models import Base
 from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.approvals import ApprovalRepo, NewApproval
 from app.db.repositories.rows import path_to
-from app.db.repositories.runs import UNDER_HEAD, Placement
+from app.db.repositories.run_start import UNDER_HEAD, Placement
 from app.db.session import Database, create_engine
 from app.llm.base import ChatMessage, ToolCall
 

@@ -25,7 +25,7 @@ from app.api.schemas import (
     error_responses,
 )
 from app.db.errors import RunActiveError
-from app.db.repositories.runs import Placement
+from app.db.repositories.run_start import Placement
 from app.errors import InvalidInputError, NotFoundError, RunActiveConflict
 from app.runs import replay
 from app.runs.branches import check_parent, find_message

@@ -17,35 +17,30 @@ from app.db.models import (
     RUN_STATUSES,
     Approval,
     Conversation,
-    FollowUp,
     Run,
     ToolEffect,
     utcnow,
 )
-from app.db.repositories.queue import Admission, NearBound, admit, check_bound, start_exclusive
+from app.db.repositories.queue import Admission, NearBound, start_exclusive
 from app.db.repositories.rows import (
-    _LAST_EVENT_ID,
     FINAL_STATUSES,
     RunRecord,
     _append_messages,
     _checkpoints,
     _delete_follow_ups,
     _event_row,
-    _events,
     _holds,
     _insert_events,
     _lock_conversation,
     _messages_of,
-    _move_head,
     _run_record,
     _runs,
-    follow_up_messages,
     new_run_id,
-    next_seq,
     path_to,
 )
+from app.db.repositories.run_start import UNDER_HEAD, Opening, Placement, insert_start
 from app.llm.base import ChatMessage
-from app.streaming.bus import StoredEvent, later_cursor
+from app.streaming.bus import StoredEvent
 
 _RUN = select(_runs).where(_runs.c.id == bindparam("b_id"))
 _RUN_OF_OWNER = _RUN.where(_runs.c.owner == bindparam("b_owner"))
@@ -61,17 +56,6 @@ _LATEST_RUN = (
 _FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
 _FINISH_ATTEMPT = _FINISH_RUN.where(_runs.c.attempt == bindparam("b_attempt"))
 _QUESTION_OF = select(_runs.c.question_seq).where(_runs.c.id == bindparam("b_id"))
-_TAKE_FOLLOW_UPS = (
-    delete(FollowUp)
-    .where(FollowUp.conversation_id == bindparam("b_conversation"))
-    .returning(FollowUp.id, FollowUp.content)
-)
-# What a starting run needs to know of its conversation, read in one statement once the
-# conversation's row is locked: the last stored event, and whether follow-ups wait.
-_START_LOOK = select(
-    _LAST_EVENT_ID.scalar_subquery().label("last_event"),
-    exists().where(FollowUp.conversation_id == bindparam("b_conversation")).label("follow_ups"),
-)
 _CHECKPOINTS = (
     select(_checkpoints.c.seq, _checkpoints.c.after, _checkpoints.c.data)
     .where(_checkpoints.c.run_id == bindparam("b_run"), _checkpoints.c.attempt == bindparam("b_attempt"))
@@ -86,36 +70,6 @@ class CheckpointRow:
     seq: int
     after: str | None
     data: str
-
-
-_SET_START = update(_runs).where(_runs.c.id == bindparam("b_id"))
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a starting run's question goes in the conversation's tree (FACES.md B-02, B-03).
-
-    By default below the current leaf. ``parent_seq``: below that message instead (None: as a
-    first message) when ``under_head`` is False. ``question_seq``: no new question, the run answers
-    that stored one again (a regenerate, a replay), a sibling of its other answers.
-    """
-
-    under_head: bool = True
-    parent_seq: int | None = None
-    question_seq: int | None = None
-
-
-UNDER_HEAD = Placement()
-"""A question asked below the conversation's current leaf (what a run without more does)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Opening:
-    """What a run that starts from a checkpoint of another (a replay, FACES.md B-06) stores with
-    its start: its first events and the whole state its first attempt starts from."""
-
-    events: list[StoredEvent]
-    checkpoint: str
 
 
 class RunRepo:
@@ -230,113 +184,16 @@ class RunRepo:
             )
             row.update(client_tools=client_tools, replay_of=replay_of)
             try:
-                history = await self._insert_start(
-                    row, prior, admission, queued_event, placement, opening, exclusive=exclusive
-                )
+                async with self._sessionmaker.begin() as session:
+                    history = await insert_start(
+                        session, row, prior, admission, queued_event, placement, opening, exclusive=exclusive
+                    )
             except NearBound:
                 continue
             except IntegrityError:
                 await self._explain_conflict(conversation_id)
             return RunRecord(**row), history
         raise AssertionError("an exclusive check_bound does not raise NearBound")
-
-    async def _insert_start(
-        self,
-        row: dict[str, Any],
-        prior: Sequence[ChatMessage],
-        admission: Admission | None,
-        queued_event: Callable[[str, str, int], StoredEvent] | None,
-        placement: Placement,
-        opening: Callable[[str, str], Opening] | None,
-        *,
-        exclusive: bool,
-    ) -> list[ChatMessage]:
-        """``start``'s transaction: stores new run ``row`` (updated in place if it queues) and
-        returns its history."""
-        conversation_id = row["conversation_id"]
-        start_cursor = row["start_cursor"]
-        async with self._sessionmaker.begin() as session:
-            await session.execute(insert(_runs), row)  # the one-active-run index decides here
-            position = await admit(session, row["id"], row["owner"], admission) if admission else None
-            if position is not None:
-                row.update(status="queued", worker_id=None, lease_expires_at=None)
-            # The conversation's row locked before anything of it is read (FollowUpRepo takes
-            # the same lock): follow-ups accepted after the previous run took its last ones,
-            # and kept nowhere since, join the history now, before the question, so that the
-            # run's queue holds only what comes after its start.
-            head = await _lock_conversation(session, conversation_id)
-            look = (await session.execute(_START_LOOK, {"b_conversation": conversation_id})).one()
-            cursor = later_cursor(start_cursor, look.last_event)
-            row["start_cursor"] = cursor
-            records = await _messages_of(session, conversation_id)
-            if placement.question_seq is not None:
-                # Answered again: the question is stored already, and the follow-ups that wait
-                # are the run's to take in (its queue looks at once).
-                question = placement.question_seq
-                parent = next((r.parent_seq for r in records if r.seq == question), None)
-                history = [r.to_chat_message() for r in path_to(records, parent)]
-                await _move_head(session, conversation_id, question, "any")
-            else:
-                parent = head if placement.under_head else placement.parent_seq
-                history = [r.to_chat_message() for r in path_to(records, parent)]
-                late = (
-                    list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
-                    if look.follow_ups
-                    else []
-                )
-                before = [
-                    *prior,
-                    *follow_up_messages([r.content for r in sorted(late, key=lambda r: r.id)]),
-                ]
-                seq = next_seq(records)
-                if before:
-                    parent = await _append_messages(
-                        session, conversation_id, None, before, parent_seq=parent, locked=True, first_seq=seq
-                    )
-                    history += before
-                    seq = parent + 1
-                question = await _append_messages(
-                    session,
-                    conversation_id,
-                    row["id"],
-                    [ChatMessage(role="user", content=row["message"])],
-                    parent_seq=parent,
-                    locked=True,
-                    first_seq=seq,
-                )
-            row["question_seq"] = question
-            await session.execute(
-                _SET_START, {"b_id": row["id"], "start_cursor": cursor, "question_seq": question}
-            )
-            after = cursor
-            if opening is not None:
-                opened = opening(row["id"], cursor)
-                if opened.events:
-                    await _insert_events(session, [_event_row(conversation_id, e) for e in opened.events])
-                    stored = await session.scalar(
-                        select(func.count()).where(_events.c.run_id == row["id"])
-                    )
-                    if stored != len(opened.events):  # another process stored under one of the ids
-                        raise EventIdTakenError(opened.events[0].id)
-                    after = opened.events[-1].id
-                await session.execute(
-                    insert(_checkpoints),
-                    {
-                        "run_id": row["id"],
-                        "attempt": row["attempt"],
-                        "seq": 0,
-                        "after": after,
-                        "data": opened.checkpoint,
-                        "created_at": row["created_at"],
-                    },
-                )
-            if position is not None and admission is not None:
-                if queued_event is not None:
-                    event = queued_event(row["id"], after, position)
-                    if not await _insert_events(session, [_event_row(conversation_id, event)]):
-                        raise EventIdTakenError(event.id)
-                await check_bound(session, admission.max_queued, exclusive=exclusive)
-        return history
 
     async def get(self, owner: str, run_id: str) -> RunRecord | None:
         """The run if ``owner`` owns it; None otherwise."""

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from app.runs.takeover import local_host, local_process_gone, new_worker_id
+from app.runs.workers import local_host, local_process_gone, new_worker_id
 from tests.support.server import wait_until
 
 
