@@ -53,7 +53,12 @@ _LATEST_RUN = (
     .order_by(_runs.c.created_at.desc(), _runs.c.id.desc())
     .limit(1)
 )
-_FINISH_RUN = update(_runs).where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
+# A close says where the run's messages go: below its question (FACES.md B-01).
+_FINISH_RUN = (
+    update(_runs)
+    .where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
+    .returning(_runs.c.question_seq)
+)
 _FINISH_ATTEMPT = _FINISH_RUN.where(_runs.c.attempt == bindparam("b_attempt"))
 _QUESTION_OF = select(_runs.c.question_seq).where(_runs.c.id == bindparam("b_id"))
 _CHECKPOINTS = (
@@ -243,7 +248,7 @@ class RunRepo:
             raise ValueError("messages and done need their conversation_id")
         async with self._sessionmaker.begin() as session:
             result = await session.execute(
-                (_FINISH_RUN if attempt is None else _FINISH_ATTEMPT).returning(_runs.c.question_seq),
+                _FINISH_RUN if attempt is None else _FINISH_ATTEMPT,
                 {
                     "b_id": run_id,
                     "b_attempt": attempt,
