@@ -102,6 +102,32 @@ export class ApiClient {
     return this.request("POST", `/api/conversations/${encodeURIComponent(id)}/runs`, { message });
   }
 
+  /** A question below `parentId` (null: as the first message): editing a question (FACES.md B-02). */
+  askUnder(id, message, parentId) {
+    const body = { message, parent_id: parentId };
+    return this.request("POST", `/api/conversations/${encodeURIComponent(id)}/runs`, body);
+  }
+
+  /** A question answered again, or an answer replaced by a new sibling (B-03). */
+  regenerate(id, messageId) {
+    return this.request("POST", `/api/conversations/${encodeURIComponent(id)}/runs`, { regenerate: messageId });
+  }
+
+  /** The newest leaf below `messageId` becomes the current one (B-04); answers the conversation. */
+  switchHead(id, messageId) {
+    return this.request("PUT", `/api/conversations/${encodeURIComponent(id)}/head`, { message_id: messageId });
+  }
+
+  /** A new conversation with the path to `messageId` (B-05). */
+  fork(id, messageId) {
+    return this.request("POST", `/api/conversations/${encodeURIComponent(id)}/fork`, { message_id: messageId });
+  }
+
+  /** A new run answering the same question from the run's checkpoint at or before event `after` (B-06). */
+  replay(runId, after) {
+    return this.request("POST", `/api/runs/${encodeURIComponent(runId)}/replay`, { after });
+  }
+
   interrupt(id, content) {
     return this.request("POST", `/api/conversations/${encodeURIComponent(id)}/interrupt`, { content });
   }

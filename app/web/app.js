@@ -1,7 +1,7 @@
 /**
- * The page's wiring: the conversation list, opening a conversation (its messages and, when a run is
- * active, its live stream), the composer that starts runs, the follow-up box and Cancel button of
- * an active run, and the API-key dialog.
+ * The page's wiring: the conversation list, opening a conversation (its current branch, drawn by
+ * ./branches.js, and, when a run is active, its live stream), the composer that starts runs, the
+ * follow-up box and Cancel button of an active run, and the API-key dialog.
  *
  * Resuming after a reload: while a run streams, the events shown so far and the last event id are
  * kept in sessionStorage per conversation. A reloaded page replays those events and continues the
@@ -11,7 +11,7 @@
 
 import { ApiClient, ApiError } from "./api.js";
 import { keyDialog } from "./key_dialog.js";
-import { renderMarkdown } from "./markdown.js";
+import { Branches, questionBubble } from "./branches.js";
 import { renderInbox } from "./approvals.js";
 import { fillModelPicker, pickedModel } from "./models.js";
 import { describeTime } from "./time.js";
@@ -70,6 +70,21 @@ const askForKey = keyDialog(
   () => api.key,
 );
 const api = new ApiClient({ askForKey });
+const branches = new Branches({
+  api,
+  host: {
+    current: () => state.current,
+    show: (current, conversation, { follow }) => showBranch(current, conversation, { follow }),
+    openConversation: (conversation) => {
+      state.conversations.unshift(conversation);
+      renderList();
+      navigateTo(conversation.id);
+    },
+    toast: (text, kind) => showToast(text, kind),
+    reportError: (err) => reportError(err),
+    grew: () => scrollIfFollowing(),
+  },
+});
 
 // ---------------------------------------------------------------------------------------------
 // API key dialog
@@ -284,68 +299,37 @@ async function openConversation(id) {
     return;
   }
   if (state.current !== current) return;
-  current.conversation = conversation;
-  setTitle(conversationTitle(conversation));
-  dom.deleteConversation.hidden = false;
-  renderMessages(conversation.messages ?? [], conversation.active_run_id);
   state.stickToBottom = true;
-  scrollIfFollowing();
-  if (conversation.active_run_id) {
-    attachRun(current, conversation.active_run_id, { resume: true });
-  } else {
-    clearSnapshot(id);
-    updateComposer();
-  }
+  showBranch(current, conversation, { resume: true });
 }
 
 /**
- * The stored messages hold the engine's whole transcript (tool calls, observations, nudges), so a
- * run is drawn from its events instead: the question, then the same view a live run gets.
+ * Draw the conversation's current branch and follow its active run, or `follow`, a run just
+ * started there (streamed from its first event even when it ended meanwhile).
  */
-function renderMessages(messages, activeRunId) {
-  const nodes = [];
-  const seenRuns = new Set();
-  for (const message of messages) {
-    const content = typeof message.content === "string" ? message.content : "";
-    if (message.run_id) {
-      if (seenRuns.has(message.run_id)) continue;
-      seenRuns.add(message.run_id);
-      const question = messages.find((m) => m.run_id === message.run_id && m.role === "user" && !m.pinned);
-      if (question) nodes.push(userBubble(question.content ?? ""));
-      if (message.run_id !== activeRunId) nodes.push(finishedRun(message.run_id));
-    } else if (content && message.role === "user") {
-      nodes.push(userBubble(content));
-    } else if (content && message.role === "assistant" && !message.tool_calls) {
-      const body = el("div", { className: "markdown" });
-      body.innerHTML = renderMarkdown(content);
-      nodes.push(el("div", { className: "bubble assistant", "data-testid": "assistant-message" }, body));
-    }
-  }
-  if (!nodes.length && !activeRunId) nodes.push(dom.welcome);
+function showBranch(current, conversation, { resume = false, follow = null } = {}) {
+  current.conversation = conversation;
+  setTitle(conversationTitle(conversation));
+  dom.deleteConversation.hidden = false;
+  const liveRunId = follow ?? conversation.active_run_id;
+  const nodes = branches.render(conversation.messages ?? [], liveRunId);
+  if (!nodes.length && !liveRunId) nodes.push(dom.welcome);
   dom.messages.replaceChildren(...nodes);
+  if (liveRunId && current.run?.id === liveRunId) dom.messages.append(current.run.view.root);
+  else if (liveRunId) attachRun(current, liveRunId, { resume });
+  else clearSnapshot(current.id);
+  updateComposer();
+  scrollIfFollowing();
 }
 
-function userBubble(text) {
-  return el("div", { className: "bubble user", "data-testid": "user-message" }, el("div", { className: "bubble-text" }, text));
-}
-
-/** A finished run, filled in from its stored events once they arrive. */
-function finishedRun(runId) {
-  const view = new RunView({ runId });
-  view.setStatus("Loading…");
-  api
-    .runEvents(runId)
-    .then((events) => {
-      for (const ev of events ?? []) view.handle(ev);
-      view.setStatus("");
-      scrollIfFollowing();
-    })
-    .catch((err) => {
-      view.setStatus("");
-      view.timeline.append(el("p", { className: "loading" }, "Could not load this run."));
-      reportError(err);
-    });
-  return view.root;
+/** Draw the branch again from the server (after a run ends: its messages now have ids). */
+async function refreshBranch(current) {
+  try {
+    const conversation = await api.getConversation(current.id);
+    if (state.current === current && !current.run) showBranch(current, conversation);
+  } catch (err) {
+    reportError(err);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,6 +343,7 @@ window.addEventListener("pagehide", () => {
 async function attachRun(current, runId, { resume }) {
   const view = new RunView({
     runId,
+    describeReplay: branches.describeReplay,
     onDecide: async (approvalId, body) => {
       const answer = await api.decide(current.id, approvalId, body);
       refreshInbox();
@@ -417,6 +402,9 @@ async function attachRun(current, runId, { resume }) {
   if (outcome === "no-content" && !view.finished) {
     // The run ended while we were away and its events are gone from our cursor: show the stored result.
     openConversation(current.id);
+  } else if (view.finished) {
+    branches.keep(view);
+    refreshBranch(current);
   }
 }
 
@@ -432,6 +420,7 @@ function updateComposer() {
   dom.cancelButton.disabled = false;
   dom.cancelButton.textContent = "Cancel run";
   if (!active) dom.hint.textContent = "";
+  branches.setLocked(active);
 }
 
 async function ensureConversation(firstMessage) {
@@ -453,7 +442,7 @@ async function sendMessage(text) {
     const current = await ensureConversation(text);
     if (!current || current.run) return;
     dom.welcome.remove();
-    bubble = userBubble(text);
+    bubble = questionBubble(text);
     dom.messages.append(bubble);
     state.stickToBottom = true;
     scrollIfFollowing();

@@ -52,11 +52,13 @@ export class RunView {
   /**
    * runId: the run these events belong to (others are ignored), or null to take it from the first
    * event. onDecide(approvalId, body): posts a person's decision on an approval (none: the cards
-   * of a finished run show the outcome only).
+   * of a finished run show the outcome only). describeReplay(data): resolves to the text of a
+   * replay's note (`phase: replay`, FACES.md B-06), or null to keep the plain one.
    */
-  constructor({ runId = null, onDecide = null } = {}) {
+  constructor({ runId = null, onDecide = null, describeReplay = null } = {}) {
     this.runId = runId;
     this.onDecide = onDecide;
+    this.describeReplay = describeReplay;
     this.approvalCards = new Map();
     /** Calls of the run that wait for a decision the run has not announced yet. */
     this.pendingApprovals = new Set();
@@ -123,6 +125,7 @@ export class RunView {
         break;
       case "phase":
         if (data.phase === "resumed") this.onResumed(data);
+        else if (data.phase === "replay") this.onReplay(data);
         else this.addSeparator("phase", this.describePhase(data));
         break;
       case "compact":
@@ -361,6 +364,19 @@ export class RunView {
     this.attemptBadge.textContent = attemptBadgeText(attempt);
     this.attemptBadge.hidden = false;
     this.setStatus("Resumed on another worker — carrying on from its last checkpoint…");
+  }
+
+  /** This run replays an earlier one from a checkpoint: the steps that follow are restated. */
+  onReplay(data) {
+    this.addSeparator("replay", "Replayed from an earlier answer");
+    const note = this.timeline.lastElementChild.firstElementChild;
+    this.describeReplay?.(data)
+      .then((text) => {
+        if (text) note.textContent = text;
+      })
+      .catch(() => {
+        // The plain note stays: the source run's events are a nicety here.
+      });
   }
 
   /** A card of a lost attempt: no later event completes it, and it no longer looks running. */
