@@ -368,3 +368,35 @@ async def test_prune_deletes_the_checkpoints_of_runs_finished_before_the_cutoff_
     async with database.sessionmaker() as session:
         assert list(await session.scalars(select(ToolEffect.idempotency_key))) == ["new"]
     assert await runs.prune(now - timedelta(hours=1), now - timedelta(days=1)) == 0
+
+
+async def test_prune_without_a_checkpoint_cutoff_keeps_every_checkpoint_and_prunes_old_tool_effects(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    # CHECKPOINT_RETENTION_S unset (the default): a finished run's checkpoints stay for replays
+    # (FACES.md B-06), while old tool effects still go.
+    events = EventRepo(database.sessionmaker)
+    now = utcnow()
+    run, _ = await runs.start(conv.id, "alice", "q", worker_id="w", lease_s=30, start_cursor="0-0")
+    await events.save(conv.id, [], [CheckpointRecord(run.id, 1, seq, '{"v":[0]}') for seq in range(2)])
+    closed = await runs.finish(
+        run.id,
+        status="completed",
+        answer="",
+        iterations=0,
+        usage={},
+        elapsed=1.0,
+        error=None,
+        pending_injections=[],
+    )
+    assert closed
+    long_ago = now - timedelta(days=400)
+    async with database.sessionmaker.begin() as session:
+        await session.execute(update(Run).where(Run.id == run.id).values(finished_at=long_ago))
+        session.add(ToolEffect(idempotency_key="old", owner="alice", result="r", created_at=long_ago))
+
+    assert await runs.prune(None, now - timedelta(days=1)) == 1
+
+    assert len(await runs.checkpoints(run.id, 1)) == 2
+    async with database.sessionmaker() as session:
+        assert list(await session.scalars(select(ToolEffect.idempotency_key))) == []

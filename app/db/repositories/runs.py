@@ -475,14 +475,16 @@ class RunRepo:
         ``finished_before`` (None: none) and the tool effects recorded before ``effects_before``
         (RUNS.md R-05, R-12: a key is only asked again by an attempt of a run that is still
         active). Returns how many rows went."""
-        done = (
-            select(Run.id)
-            .where(Run.status.in_(sorted(FINAL_STATUSES)), Run.finished_at < finished_before)
-            .where(exists().where(_checkpoints.c.run_id == Run.id))
-            .limit(limit)
-        )
         async with self._sessionmaker.begin() as session:
-            runs = list(await session.scalars(done)) if finished_before is not None else []
+            runs: list[str] = []
+            if finished_before is not None:
+                done = (
+                    select(Run.id)
+                    .where(Run.status.in_(sorted(FINAL_STATUSES)), Run.finished_at < finished_before)
+                    .where(exists().where(_checkpoints.c.run_id == Run.id))
+                    .limit(limit)
+                )
+                runs = list(await session.scalars(done))
             gone = 0
             if runs:
                 result = await session.execute(delete(_checkpoints).where(_checkpoints.c.run_id.in_(runs)))
