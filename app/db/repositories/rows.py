@@ -68,6 +68,8 @@ _MOVE_HEAD = (
     .values(head_seq=bindparam("b_head"))
 )
 _MOVE_HEAD_FROM = _MOVE_HEAD.where(_conversations.c.head_seq == bindparam("b_from"))
+_MOVE_HEAD_FROM_NONE = _MOVE_HEAD.where(_conversations.c.head_seq.is_(None))
+_LOCK_CONVERSATION = _TOUCH_CONVERSATION.returning(_conversations.c.head_seq)
 _EVENT_STORED = select(_events.c.run_id, _events.c.event, _events.c.data).where(
     _events.c.conversation_id == bindparam("b_conversation"),
     _events.c.cursor_ms == bindparam("b_ms"),
@@ -267,12 +269,12 @@ async def _append_messages(
     parent_seq: int | None,
     locked: bool = False,
     first_seq: int | None = None,
-    head_from: int | Literal["any"] | None = "any",
+    head_from: int | Literal["any", "stay"] | None = "any",
 ) -> int:
     """Append ``messages`` to the conversation's tree, one below the other, the first below the
     message ``parent_seq`` (None: as a first message), and mark the conversation updated, inside
     the caller's transaction; returns the last one's seq. The conversation's head moves to it
-    when the head is ``head_from`` (``"any"``: whatever it is). Raises
+    when the head is ``head_from`` (``"any"``: whatever it is; ``"stay"``: it does not). Raises
     ``ConversationNotFoundError`` if the conversation is gone.
     ``locked``: the caller has locked (touched) the conversation's row in this transaction.
     ``first_seq``: the seq after the conversation's last message, known to a caller that read
@@ -308,19 +310,16 @@ async def _append_messages(
         ],
     )
     last_seq = first_seq + len(messages) - 1
-    await _move_head(session, conversation_id, last_seq, head_from)
+    if head_from != "stay":
+        await _move_head(session, conversation_id, last_seq, head_from)
     return last_seq
 
 
 async def _lock_conversation(session: AsyncSession, conversation_id: str) -> int | None:
     """Lock the conversation's row (mark it updated) in the caller's transaction; its head's seq.
     Raises ``ConversationNotFoundError`` if it is gone."""
-    row = (
-        await session.execute(
-            _TOUCH_CONVERSATION.returning(_conversations.c.head_seq),
-            {"b_id": conversation_id, "updated_at": utcnow()},
-        )
-    ).first()
+    params = {"b_id": conversation_id, "updated_at": utcnow()}
+    row = (await session.execute(_LOCK_CONVERSATION, params)).first()
     if row is None:
         raise ConversationNotFoundError(conversation_id)
     head: int | None = row.head_seq
@@ -334,9 +333,7 @@ async def _move_head(
     if head_from == "any":
         await session.execute(_MOVE_HEAD, {"b_id": conversation_id, "b_head": head})
     elif head_from is None:
-        await session.execute(
-            _MOVE_HEAD.where(_conversations.c.head_seq.is_(None)), {"b_id": conversation_id, "b_head": head}
-        )
+        await session.execute(_MOVE_HEAD_FROM_NONE, {"b_id": conversation_id, "b_head": head})
     else:
         await session.execute(_MOVE_HEAD_FROM, {"b_id": conversation_id, "b_head": head, "b_from": head_from})
 

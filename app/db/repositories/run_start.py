@@ -126,7 +126,14 @@ async def insert_start(
         seq = next_seq(records)
         if before:
             parent = await _append_messages(
-                session, conversation_id, None, before, parent_seq=parent, locked=True, first_seq=seq
+                session,
+                conversation_id,
+                None,
+                before,
+                parent_seq=parent,
+                locked=True,
+                first_seq=seq,
+                head_from="stay",  # the question, next, is the new leaf
             )
             history += before
             seq = parent + 1
