@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -49,6 +50,21 @@ def _single_line(value: str) -> str:
     if any(c in value for c in "\r\n") or any(ord(c) < 32 for c in value if c != "\t"):
         raise ValueError("text must be a single line without control characters")
     return value
+
+
+def _finite(value: Any) -> Any:
+    """JSON as JSON defines it: no NaN or Infinity (Python's parser takes them; PostgreSQL's JSON
+    refuses them, and a client reading them back could not parse them)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError("numbers must be finite (NaN and Infinity are not JSON)") from None
+    except (TypeError, RecursionError):
+        raise ValueError("not JSON") from None
+    return value
+
+
+FiniteJson = Annotated[Any, AfterValidator(_finite)]
 
 
 def _not_blank(value: str) -> str:
@@ -112,7 +128,9 @@ class ClientToolSpec(BaseModel):
             AfterValidator(_no_nul),
         ]
     ) = ""
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: Annotated[dict[str, Any], AfterValidator(_finite)] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
     """A JSON Schema of the call's arguments (an object)."""
 
 
@@ -332,7 +350,7 @@ class ToolResultIn(BaseModel):
         extra="forbid", json_schema_extra=_one_of({"output": [], "error": []}, ("error",))
     )
 
-    output: Any = None
+    output: FiniteJson = None
     error: (
         Annotated[
             str,
@@ -411,7 +429,7 @@ class ApprovalDecisionIn(BaseModel):
         ]
         | None
     ) = None
-    tool_args: dict[str, Any] | None = None
+    tool_args: Annotated[dict[str, Any], AfterValidator(_finite)] | None = None
     """Approve with these arguments instead (checked against the tool's parameters)."""
 
 

@@ -43,9 +43,10 @@ class CallOutcome:
     """The cycle detector counts it: not a call a person refused (or let expire)."""
 
 
-def with_unique_ids(parsed: ParsedReply, taken: set[str], iteration: int) -> ParsedReply:
+def with_unique_ids(parsed: ParsedReply, taken: set[str], iteration: int, mark: str = "") -> ParsedReply:
     """``parsed`` with every call id unique within the run (``taken``: the run's ids so far, which
-    the new ones join; a provider may send none, or ``call_0`` on every reply)."""
+    the new ones join; a provider may send none, or ``call_0`` on every reply). Ids made here carry
+    ``mark`` (a piece of the run's id): a client answers a call by its id within a conversation."""
     if not parsed.calls:
         return parsed
     calls: list[PlannedCall] = []
@@ -53,7 +54,7 @@ def with_unique_ids(parsed: ParsedReply, taken: set[str], iteration: int) -> Par
     for index, call in enumerate(parsed.calls):
         call_id = call.call_id
         if not call_id or call_id in taken:
-            call_id = f"call_{iteration}_{index}"
+            call_id = f"call_{mark}{iteration}_{index}"
             while call_id in taken:
                 call_id += "x"
             call = replace(call, call_id=call_id)

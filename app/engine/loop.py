@@ -180,7 +180,8 @@ class ToolLoop:
             s.bad_replies = 0
             add_llm_call(self.usage, reply)
 
-            parsed = with_unique_ids(self.strategy.parse(reply), self.state.call_ids, iteration)
+            parsed = self.strategy.parse(reply)
+            parsed = with_unique_ids(parsed, self.state.call_ids, iteration, self._id_mark)
             await self.sink(ThinkingDone(iteration, parsed.reasoning))
             self._append(parsed.assistant, keep=parsed.kind == "tools")
             injected = await self._drain() if self.strategy.drains_before_tools else False
@@ -271,6 +272,11 @@ class ToolLoop:
         # A queue that can start from where a run left it (the service's) says how far it got.
         s.follow_up_position = getattr(self.interrupts, "position", None)
         self.journal.checkpoint(self.usage, **extra)
+
+    @property
+    def _id_mark(self) -> str:
+        """A piece of the run's id for the call ids the loop makes (none without a run id)."""
+        return f"{self.run_id[-6:]}_" if self.run_id else ""
 
     def _append(self, message: ChatMessage, *, keep: bool) -> None:
         self.state.messages.append(message)

@@ -229,6 +229,11 @@ class Executor:
         # No list means every tool; an empty list means none (an agent that only talks).
         tools = self.tools if names is None else self.tools.subset(names)
         declared = client_tools_of(conversation, active.client_tools)
+        shadowed = [t.name for t in declared if t.name in tools]
+        if shadowed:
+            # A server tool of that name came after the declaration (a new MCP tool): the
+            # service's runs, and the client's declaration is left out, said here.
+            log.warning("client tools shadowed by server tools of the same name", extra={"tools": shadowed})
         if declared:
             tools = tools.with_tools(t for t in declared if t.name not in tools)
         return self.tracing.tools(tools)

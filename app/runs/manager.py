@@ -241,8 +241,7 @@ class RunManager:
         with contextlib.suppress(Exception):
             bus_last = await self.bus.last_id(conv_id)
         # Read before the start, which takes what waits then: a later follow-up moves the hint.
-        # (A question answered again takes nothing at its start: its queue looks at once.)
-        seen = await self.interrupt_queue(conv_id).version() if placement.question_seq is None else None
+        seen = await self.interrupt_queue(conv_id).version()
         queued: list[StoredEvent] = []
         opened: list[Opening] = []
 

@@ -138,18 +138,28 @@ def steps_until(events: Sequence[StoredEvent], last: str | None) -> list[tuple[s
             continue
         kept.append((event, data))
     finished = {d.get("call_id") for _, d in kept if d.get("type") == "iteration" and d["status"] == "done"}
-    decided = {d.get("approval_id") for e, d in kept if e.event == "approval" and d["status"] != "requested"}
+    # An approval belongs to its call: kept only with a call that finished there (the replay asks
+    # again for the others, under approvals of its own).
+    asked = {d.get("approval_id"): d["call_id"] for e, d in kept if e.event == "approval" and "call_id" in d}
     out: list[tuple[str, dict[str, Any]]] = []
     for event, data in kept:
         if data.get("type") == "iteration" and data.get("status") == "start":
             if "call_id" in data and data["call_id"] not in finished:
                 continue
-        if event.event == "approval" and data.get("status") == "requested":
-            if data.get("approval_id") not in decided:
-                continue
+        if event.event == "approval" and asked.get(data.get("approval_id")) not in finished:
+            continue
         data.pop("run_id", None)
+        data["source_event"] = event.id  # where a replay of the replay from here starts
         out.append((event.event, data))
     return out
+
+
+def restated_from(event: StoredEvent) -> str | None:
+    """The source event a replay's restated step stands for (None: an event of the run's own)."""
+    if event.event not in ("step", "approval", "inject", "compact", "phase"):
+        return None
+    source = orjson.loads(event.data).get("source_event")
+    return source if isinstance(source, str) else None
 
 
 def plan(

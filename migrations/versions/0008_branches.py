@@ -9,7 +9,7 @@ Upgrade: every conversation of the previous version becomes one chain, in the or
 were stored, its head the last one; each run's question is its first message (B-08).
 Downgrade: each conversation keeps the path from its root to its current leaf, and loses its other
 branches; client tool calls go (the previous version would not know what they wait for), and an
-active run waiting for one ends as failed.
+active run waiting for one ends as failed (without a ``done`` event, as revision 0003's downgrade).
 
 Revision ID: 0008
 Revises: 0007
@@ -134,19 +134,18 @@ def downgrade() -> None:
             "UPDATE runs SET status = 'failed', error = 'the service was downgraded while the run "
             "waited for a tool the client runs', worker_id = NULL, lease_expires_at = NULL, "
             "finished_at = CURRENT_TIMESTAMP WHERE status IN ('queued', 'running', 'waiting') "
-            "AND id IN (SELECT run_id FROM approvals WHERE kind = 'client')"
+            "AND id IN (SELECT run_id FROM approvals WHERE kind = 'client' AND status = 'pending')"
         )
     )
     op.execute(sa.text("DELETE FROM approvals WHERE kind = 'client'"))
     _approval_statuses(NEW_STATUSES, OLD_STATUSES)
-    with op.batch_alter_table("approvals") as batch:
-        batch.drop_column("output")
-        batch.drop_column("kind")
-    with op.batch_alter_table("runs") as batch:
-        batch.drop_column("replay_of")
-        batch.drop_column("client_tools")
-        batch.drop_column("question_seq")
-    with op.batch_alter_table("conversations") as batch:
-        batch.drop_column("head_seq")
-    with op.batch_alter_table("messages") as batch:
-        batch.drop_column("parent_seq")
+    for table, column in (
+        ("approvals", "output"),
+        ("approvals", "kind"),
+        ("runs", "replay_of"),
+        ("runs", "client_tools"),
+        ("runs", "question_seq"),
+        ("conversations", "head_seq"),
+        ("messages", "parent_seq"),
+    ):
+        op.drop_column(table, column)

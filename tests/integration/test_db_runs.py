@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.db.errors import ConversationNotFoundError, EventIdTakenError, RunActiveError
+from app.db.models import FollowUp
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
+from app.db.repositories.run_start import Placement
 from app.db.session import Database
 from app.llm.base import ChatMessage
 from app.streaming.bus import ZERO_CURSOR, StoredEvent
@@ -458,3 +460,45 @@ async def test_a_close_whose_done_id_another_process_took_keeps_nothing_and_says
     assert await close_with_done(runs, run, done_event("1000-1", run.id))
     assert await events.holds(conv.id, done_event("1000-1", run.id))
     assert not await events.holds(conv.id, done_event("1000-0", run.id))
+
+
+async def test_follow_ups_a_run_missed_stay_on_its_branch_when_the_next_run_asks_elsewhere(
+    database: Database, runs: RunRepo, conv: ConversationRecord
+) -> None:
+    # FACES.md B-02: follow-ups accepted after the previous run took its last ones belong to that
+    # run's branch. A question asked below the current leaf has them in its history (as before
+    # trees); an edit asks elsewhere: they stay below the old leaf, out of the edit's history.
+    conversations = ConversationRepo(database.sessionmaker)
+    first = await start(runs, conv)
+    assert await runs.finish(
+        first.id,
+        status="completed",
+        answer="a1",
+        iterations=1,
+        usage={},
+        elapsed=1.0,
+        error=None,
+        pending_injections=[],
+        messages=[ChatMessage(role="assistant", content="a1")],
+        conversation_id=conv.id,
+    )
+    answer = (await conversations.messages(conv.id))[-1]
+    async with database.sessionmaker.begin() as session:
+        session.add(FollowUp(conversation_id=conv.id, content="missed"))
+
+    edit, history = await runs.start(
+        conv.id,
+        conv.owner,
+        "edited",
+        worker_id="w1",
+        lease_s=30,
+        start_cursor="0-0",
+        placement=Placement(under_head=False, parent_seq=None),
+    )
+
+    assert history == []
+    stored = {m.content: m for m in await conversations.messages(conv.id)}
+    assert stored["missed"].parent_seq == answer.seq and stored["missed"].pinned
+    assert stored["edited"].parent_seq is None and edit.question_seq == stored["edited"].seq
+    assert await conversations.head(conv.id) == stored["edited"].seq
+    assert await runs.history_before(edit) == []

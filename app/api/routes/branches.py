@@ -86,17 +86,25 @@ async def replay_run(run_id: str, body: ReplayIn, services: ServicesDep, owner: 
     source = await owned_run(services, owner, run_id)
     conv = await owned_conversation(services, owner, source.conversation_id)
     events = await services.events.for_run(source.id)
-    if not any(event.id == body.after for event in events):
+    after = body.after
+    chosen = next((event for event in events if event.id == after), None)
+    if chosen is None:
         raise NotFoundError("no event of this run has that id")
+    # A step a replay restated: its checkpoints are the source's, from there on.
+    while source.replay_of is not None and (earlier := replay.restated_from(chosen)) is not None:
+        origin = await services.runs.get(owner, source.replay_of)
+        origin_events = await services.events.for_run(origin.id) if origin is not None else []
+        found = next((event for event in origin_events if event.id == earlier), None)
+        if origin is None or found is None:
+            break  # the source is gone: the replay goes from what this run holds
+        source, events, after, chosen = origin, origin_events, earlier, found
     if body.model is not None and body.model not in services.models:
         raise InvalidInputError(f"unknown model {body.model!r}; see GET /api/models")
     if source.question_seq is None:
         raise InvalidInputError("this run has no question stored to answer again")
     if await services.runs.active(conv.id) is not None:
         raise RunActiveConflict(_ACTIVE)
-    start = replay.plan(
-        source.id, body.after, events, await services.runs.all_checkpoints(source.id), body.model
-    )
+    start = replay.plan(source.id, after, events, await services.runs.all_checkpoints(source.id), body.model)
     if not start.state.empty and _mode(services, conv.agent_config, body.model) != _mode(
         services, conv.agent_config, source.model
     ):

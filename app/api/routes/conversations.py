@@ -144,8 +144,7 @@ async def get_conversation(
 
 async def conversation_detail(services: Services, conv: ConversationRecord) -> ConversationDetail:
     """The conversation with its current branch and what its active run waits for."""
-    messages = await services.conversations.messages(conv.id)
-    head = await services.conversations.head(conv.id)
+    messages, head = await services.conversations.branch(conv.id)
     active = await services.runs.active(conv.id)
     pending = await services.approvals.pending(conversation_id=conv.id)
     calls = await services.approvals.pending(conversation_id=conv.id, kind="client")

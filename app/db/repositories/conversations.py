@@ -124,6 +124,16 @@ class ConversationRepo:
             records = await _messages_of(session, conversation_id)
         return [record.to_chat_message() for record in path_to(records, head)]
 
+    async def branch(self, conversation_id: str) -> tuple[builtins.list[MessageRecord], int | None]:
+        """Every message of the conversation and its current leaf, read together: the leaf first,
+        so that the messages read after it hold it (a message is stored before the leaf moves to
+        it, in the same transaction)."""
+        async with self._sessionmaker() as session:
+            head: int | None = await session.scalar(
+                select(Conversation.head_seq).where(Conversation.id == conversation_id)
+            )
+            return await _messages_of(session, conversation_id), head
+
     async def head(self, conversation_id: str) -> int | None:
         """The seq of the conversation's current leaf (None: no message yet)."""
         async with self._sessionmaker() as session:

@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import ConversationNotFoundError, FollowUpLimitError
-from app.db.models import ACTIVE_STATUSES, Conversation, FollowUp, Run, utcnow
+from app.db.models import ACTIVE_STATUSES, Conversation, FollowUp, Message, Run, utcnow
 from app.db.repositories.rows import _append_messages, _lock_conversation, follow_up_messages
 
 
@@ -88,8 +88,17 @@ class FollowUpRepo:
             )
             contents = [content for _, content in taken]
             messages = follow_up_messages(contents)
-            # Below the current leaf, where the run that missed them ended.
+            # Below where the run that missed them ended (its last message, else its question),
+            # which is the current leaf unless someone switched branches meanwhile.
+            end = await session.scalar(
+                select(func.max(Message.seq)).where(
+                    Message.conversation_id == conversation_id, Message.run_id == run_id
+                )
+            )
+            if end is None:
+                end = await session.scalar(select(Run.question_seq).where(Run.id == run_id))
+            parent = end if end is not None else head
             await _append_messages(
-                session, conversation_id, run_id, messages, parent_seq=head, locked=True, head_from=head
+                session, conversation_id, run_id, messages, parent_seq=parent, locked=True, head_from=parent
             )
             return contents

@@ -95,18 +95,40 @@ async def insert_start(
     position = await admit(session, row["id"], row["owner"], admission) if admission else None
     if position is not None:
         row.update(status="queued", worker_id=None, lease_expires_at=None)
-    # The conversation's row locked before anything of it is read (FollowUpRepo takes
-    # the same lock): follow-ups accepted after the previous run took its last ones,
-    # and kept nowhere since, join the history now, before the question, so that the
-    # run's queue holds only what comes after its start.
+    # The conversation's row locked before anything of it is read (FollowUpRepo takes the same
+    # lock): follow-ups accepted after the previous run took its last ones, and kept nowhere
+    # since, are stored now (in the history, before a question asked below the current leaf),
+    # so that the run's queue holds only what comes after its start.
     head = await _lock_conversation(session, conversation_id)
     look = (await session.execute(_START_LOOK, {"b_conversation": conversation_id})).one()
     cursor = later_cursor(start_cursor, look.last_event)
     row["start_cursor"] = cursor
     records = await _messages_of(session, conversation_id)
+    seq = next_seq(records)
+    late = (
+        list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
+        if look.follow_ups
+        else []
+    )
+    missed = follow_up_messages([r.content for r in sorted(late, key=lambda r: r.id)])
+    asks_below_head = placement.under_head and placement.question_seq is None
+    if missed and not asks_below_head:
+        # Follow-ups the previous run missed belong to its branch: below where it ended, out of
+        # this run's history (it asks elsewhere in the tree).
+        await _append_messages(
+            session,
+            conversation_id,
+            None,
+            missed,
+            parent_seq=head,
+            locked=True,
+            first_seq=seq,
+            head_from="stay",
+        )
+        seq += len(missed)
+        missed = []
     if placement.question_seq is not None:
-        # Answered again: the question is stored already, and the follow-ups that wait
-        # are the run's to take in (its queue looks at once).
+        # Answered again: the question is stored already.
         question = placement.question_seq
         parent = next((r.parent_seq for r in records if r.seq == question), None)
         history = [r.to_chat_message() for r in path_to(records, parent)]
@@ -114,16 +136,7 @@ async def insert_start(
     else:
         parent = head if placement.under_head else placement.parent_seq
         history = [r.to_chat_message() for r in path_to(records, parent)]
-        late = (
-            list(await session.execute(_TAKE_FOLLOW_UPS, {"b_conversation": conversation_id}))
-            if look.follow_ups
-            else []
-        )
-        before = [
-            *prior,
-            *follow_up_messages([r.content for r in sorted(late, key=lambda r: r.id)]),
-        ]
-        seq = next_seq(records)
+        before = [*prior, *missed]
         if before:
             parent = await _append_messages(
                 session,

@@ -77,6 +77,11 @@ class CheckpointRow:
     data: str
 
 
+START_ID_ATTEMPTS = 3
+"""How many times a start stamps its first events (a replay's, a queued phase) anew when another
+process stored an event under one of their ids (the start kept nothing then)."""
+
+
 class RunRepo:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
@@ -188,16 +193,30 @@ class RunRepo:
                 trace_parent=trace_parent,
             )
             row.update(client_tools=client_tools, replay_of=replay_of)
-            try:
-                async with self._sessionmaker.begin() as session:
-                    history = await insert_start(
-                        session, row, prior, admission, queued_event, placement, opening, exclusive=exclusive
-                    )
-            except NearBound:
-                continue
-            except IntegrityError:
-                await self._explain_conflict(conversation_id)
-            return RunRecord(**row), history
+            fresh = dict(row)
+            for _ in range(START_ID_ATTEMPTS):
+                row = dict(fresh)
+                try:
+                    async with self._sessionmaker.begin() as session:
+                        history = await insert_start(
+                            session,
+                            row,
+                            prior,
+                            admission,
+                            queued_event,
+                            placement,
+                            opening,
+                            exclusive=exclusive,
+                        )
+                except EventIdTakenError:
+                    continue  # another process stored an event under an id stamped here: stamp anew
+                except NearBound:
+                    break
+                except IntegrityError:
+                    await self._explain_conflict(conversation_id)
+                return RunRecord(**row), history
+            else:
+                raise EventIdTakenError("the ids of the run's first events kept being taken")
         raise AssertionError("an exclusive check_bound does not raise NearBound")
 
     async def get(self, owner: str, run_id: str) -> RunRecord | None:

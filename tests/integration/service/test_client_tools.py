@@ -377,6 +377,9 @@ def test_bad_result_bodies_are_refused_and_leave_the_call_pending(
         assert refused(response, 400, "invalid_json"), (raw, response.text)
     as_form = api.http.post(path, data={"output": "Paris"})
     assert refused(as_form, 422, "invalid_request"), as_form.text
+    for raw in (b'{"output": NaN}', b'{"output": {"lat": Infinity}}'):  # no JSON: PostgreSQL refuses them
+        response = api.http.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert refused(response, 422, "invalid_request"), (raw, response.text)
 
     # Nothing changed: the call still waits, and can then be answered (null is JSON too).
     still = api.run(run_id)
@@ -463,9 +466,24 @@ def test_conversations_declare_client_tools_and_unusable_ones_are_refused(
         "a name with spaces": [{**LOCATION, "name": "get location"}],
         "no name": [{"description": "nameless", "parameters": {"type": "object"}}],
         "an unknown field": [{**LOCATION, "handler": "window.locate"}],
+        # Nothing a client declares makes the service fetch a URL or read a file (a validator
+        # resolving these would, blocking the worker): references within the schema only.
+        "a $ref to a URL": [with_parameters({"type": "object", "$ref": f"{api.http.base_url}/healthz"})],
+        "a $ref to a file": [
+            with_parameters({"type": "object", "properties": {"x": {"$ref": "file:///etc/hostname"}}})
+        ],
+        "a $dynamicRef to a URL": [with_parameters({"type": "object", "$dynamicRef": "http://127.0.0.1:9/x"})],
     }
     for what, tools in bad.items():
         response = api.http.post("/api/conversations", json={"agent": {"client_tools": tools}})
         assert refused(response, 422, "invalid_request"), (what, response.text)
+    # NaN is no JSON (PostgreSQL refuses it); Python's parser would take it.
+    nan = b'{"agent": {"client_tools": [{"name": "n", "parameters": {"type": "object", "maximum": NaN}}]}}'
+    response = api.http.post("/api/conversations", content=nan, headers={"Content-Type": "application/json"})
+    assert refused(response, 422, "invalid_request"), response.text
+    local = with_parameters(
+        {"type": "object", "$defs": {"p": {"type": "string"}}, "properties": {"x": {"$ref": "#/$defs/p"}}}
+    )
+    assert api.http.post("/api/conversations", json={"agent": {"client_tools": [local]}}).status_code == 201
     listed = api.http.get("/api/conversations").json()["items"]
-    assert [c["id"] for c in listed] == [good.json()["id"]]
+    assert len(listed) == 2 and listed[-1]["id"] == good.json()["id"]

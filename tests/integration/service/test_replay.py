@@ -122,8 +122,9 @@ def test_a_replay_after_the_third_tool_result_reuses_the_results_without_calling
     assert events[0]["data"] == {"phase": "replay", "source_run_id": source, "after": after, "run_id": new}
     assert {e["data"]["run_id"] for e in events} == {new}
     # The source's steps up to that event, restated as the new run's own.
-    restated = steps([e for e in source_events if e["id"] <= after])
-    assert steps(events)[: len(restated)] == restated
+    kept = [e for e in source_events if e["id"] <= after and e["event"] == "step"]
+    restated = [{**e["data"], "source_event": e["id"]} for e in kept]
+    assert steps(events)[: len(restated)] == steps([{"event": "step", "data": d} for d in restated])
     assert len(tool_results(events[: len(restated) + 1])) == 3
     assert answer_of(events) == events[-1]["data"]["answer"] == agent.answer
     # The model got the three results from the checkpoint, in one loop call, then the synthesis.
@@ -143,6 +144,14 @@ def test_a_replay_after_the_third_tool_result_reuses_the_results_without_calling
         *[(m["role"], m["content"]) for m in before[:-1]],
         ("assistant", agent.answer),
     ]
+
+    # A replay of the replay from one of its restated steps (the second result): the source's
+    # checkpoint there is used, so no tool runs again there either (the third one does, anew).
+    restated_second = tool_results(events)[1]["id"]
+    twice = replayed(api, new, after=restated_second)
+    assert api.run(twice)["replay_of"] == source
+    assert journal_calls(journal) == [*calls, ("gamma", twice, "start"), ("gamma", twice, "end")]
+    calls = journal_calls(journal)
 
     # From the third call's start, before its result: only that call is made again, by the replay.
     again = replayed(api, source, after=_start_of(source_events, "gamma"))

@@ -125,7 +125,7 @@ async def test_a_client_tool_call_stops_the_run_waiting_with_a_client_start_even
 
     assert result.status == "waiting"
     (awaiting,) = result.awaiting
-    call_id = CALL_ID if native else "call_1_0"
+    call_id = CALL_ID if native else "call_run_1_1_0"  # made by the loop: the run id's tail, iteration, index
     assert (awaiting.call_id, awaiting.tool_name, awaiting.args, awaiting.client) == (
         call_id,
         "get_location",
@@ -336,10 +336,10 @@ async def test_a_json_mode_client_result_reaches_the_model_as_its_observation(sc
     desk, store = Desk(), Store()
     await run(scripted_llm([json_tool("get_location", ARGS)], abilities=JSON_ONLY), desk, store)
     output, _ = client_observation({"output": {"city": "Paris"}})
-    answered = ApprovalDecision("tcl_call_1_0", "answered", output=output)
+    answered = ApprovalDecision("tcl_call_run_1_1_0", "answered", output=output)
     llm = scripted_llm([json_final("You are in Paris."), answer("You are in Paris.")], abilities=JSON_ONLY)
 
-    result, _ = await run(llm, Desk({"call_1_0": answered}), store, resume=store.fold())
+    result, _ = await run(llm, Desk({"call_run_1_1_0": answered}), store, resume=store.fold())
 
     assert result.status == "completed"
     compact = json.dumps({"city": "Paris"}, separators=(",", ":"))
