@@ -131,6 +131,10 @@ class RunApprovals:
         return self._decisions.get(call_id)
 
 
+AskEvent = ApprovalRequested | IterationStarted
+"""An event that asks for something the run waits for: a person's decision, a client's result."""
+
+
 class ApprovalDesk:
     """What the run executor does with approvals: store a request before its event goes out, park
     a run that waits, and load a run's decisions for its next attempt."""
@@ -139,55 +143,15 @@ class ApprovalDesk:
         self.repo = repo
         self.metrics = metrics
 
-    async def store_request(
-        self, event: ApprovalRequested, *, run_id: str, conversation_id: str, owner: str
-    ) -> ApprovalRequested | None:
-        """Store the request ``event`` announces; returns the event as the stored approval has it
-        (an approval a previous attempt stored keeps its expiry), or None when that approval is
-        decided already (an attempt whose record of the request was lost asks again: the run
-        parks and goes on at once, with the decision)."""
-        new = NewApproval(
-            id=event.approval_id,
-            run_id=run_id,
-            conversation_id=conversation_id,
-            owner=owner,
-            call_id=event.call_id,
-            tool_name=event.tool_name,
-            tool_args=event.tool_args,
-            iteration=event.iteration,
-            expires_at=datetime.fromisoformat(event.expires_at),
-        )
-        stored = await while_unreachable(lambda: self.repo.request(new))
-        if stored.status != "pending":
-            return None
-        self.metrics.approvals_requested.inc()
-        audit_log.info(
-            "approval requested",
-            extra={
-                "approval_id": stored.id,
-                "run_id": run_id,
-                "conversation_id": conversation_id,
-                "tool": stored.tool_name,
-                "expires_at": stored.expires_at.isoformat(),
-            },
-        )
-        if stored.expires_at.isoformat() == event.expires_at:
-            return event
-        return ApprovalRequested(
-            event.approval_id,
-            event.call_id,
-            event.tool_name,
-            event.tool_args,
-            event.iteration,
-            stored.expires_at.isoformat(),
-        )
-
-    async def store_client_call(
-        self, event: IterationStarted, *, run_id: str, conversation_id: str, owner: str
-    ) -> IterationStarted | None:
-        """Store the client call ``event`` announces (C-02), before it goes out, so that a result
-        sent the moment a client sees it finds it; as ``store_request``, the event as stored, or
-        None when its result came already."""
+    async def store(
+        self, event: AskEvent, *, run_id: str, conversation_id: str, owner: str
+    ) -> AskEvent | None:
+        """Store what ``event`` asks for before it goes out (so that a decision, or a client's
+        result, sent the moment a client sees it finds it): an approval (A-02), or a call of a tool
+        the client runs (FACES.md C-02). Returns the event as stored (an ask a previous attempt
+        stored keeps its expiry), or None when it was settled already (an attempt whose record of
+        the ask was lost asks again: the run parks and goes on at once, with what came)."""
+        client = isinstance(event, IterationStarted)
         assert event.approval_id is not None and event.expires_at is not None and event.call_id
         new = NewApproval(
             id=event.approval_id,
@@ -199,15 +163,27 @@ class ApprovalDesk:
             tool_args=event.tool_args,
             iteration=event.iteration,
             expires_at=datetime.fromisoformat(event.expires_at),
-            kind="client",
+            kind="client" if client else "approval",
         )
         stored = await while_unreachable(lambda: self.repo.request(new))
         if stored.status != "pending":
             return None
-        self.metrics.client_calls.inc()
-        if stored.expires_at.isoformat() == event.expires_at:
-            return event
-        return replace(event, expires_at=stored.expires_at.isoformat())
+        if client:
+            self.metrics.client_calls.inc()
+        else:
+            self.metrics.approvals_requested.inc()
+            audit_log.info(
+                "approval requested",
+                extra={
+                    "approval_id": stored.id,
+                    "run_id": run_id,
+                    "conversation_id": conversation_id,
+                    "tool": stored.tool_name,
+                    "expires_at": stored.expires_at.isoformat(),
+                },
+            )
+        expires_at = stored.expires_at.isoformat()
+        return event if expires_at == event.expires_at else replace(event, expires_at=expires_at)
 
     async def park(self, run_id: str, attempt: int, worker_id: str) -> ParkResult:
         return await while_unreachable(lambda: self.repo.park(run_id, attempt, worker_id))

@@ -306,29 +306,19 @@ class Executor:
                 active.iterations = max(active.iterations, event.iteration)
             elif isinstance(event, IterationDone):
                 self.metrics.tool_calls.labels(event.tool_name, "error" if event.error else "ok").inc()
-            elif isinstance(event, ApprovalRequested):
-                span.event("agentstream.approval_requested", {"gen_ai.tool.name": event.tool_name})
-                # Stored before it is announced: a decision made as soon as a client sees it finds it.
-                stored = await self.approvals.store_request(
+            elif isinstance(event, ApprovalRequested) or (type(event) is IterationStarted and event.client):
+                if isinstance(event, ApprovalRequested):
+                    span.event("agentstream.approval_requested", {"gen_ai.tool.name": event.tool_name})
+                # Stored before it is announced: a decision or a result sent at once finds it.
+                stored = await self.approvals.store(
                     event,
                     run_id=active.run_id,
                     conversation_id=active.conversation_id,
                     owner=conversation.owner,
                 )
                 if stored is None:
-                    return  # decided already: announced once, when it was asked for
+                    return  # settled already: announced once, when it was asked for
                 event = stored
-            elif isinstance(event, IterationStarted) and event.client:
-                # Stored before it is announced, as an approval: a result sent at once finds it.
-                stored_call = await self.approvals.store_client_call(
-                    event,
-                    run_id=active.run_id,
-                    conversation_id=active.conversation_id,
-                    owner=conversation.owner,
-                )
-                if stored_call is None:
-                    return  # answered already: announced once, when it was asked for
-                event = stored_call
             await publisher.publish(event)
 
         if resume is not None:
