@@ -159,6 +159,9 @@ def _exercise(operation: APIOperation, mode: GenerationMode, known: Known) -> in
 
 
 @pytest.mark.slow
+# Every operation, positive and negative, EXAMPLES each: about 25 s alone, more beside the other
+# test workers on two cores (the branch and tool-result routes added six operations).
+@pytest.mark.timeout(180)
 def test_every_operation_answers_as_documented_and_never_with_a_5xx(subject: Subject) -> None:
     # Alice's key goes through the document's own security scheme, so invalid cases can drop it.
     config = schemathesis.Config.from_dict({"auth": {"openapi": {"HTTPBearer": {"bearer": ALICE_KEY}}}})

@@ -39,8 +39,10 @@ from tests.support.services import REDIS_URL
 pytestmark = pytest.mark.timeout(30)
 
 
-# How many events each connection reads before it hangs up; cycled until the run's done.
-CHUNKS = (1, 2, 3, 5, 8, 13, 21, 34)
+# How many events each connection reads before it hangs up; cycled until the run's done. Small
+# enough that a run whose deltas the publisher merged into few events (a busy machine) still takes
+# many connections: ten need 43 events.
+CHUNKS = (1, 2, 3, 5, 8, 13)
 
 
 @STACKS
