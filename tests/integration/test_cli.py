@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import ROOT, free_port, wait_until
+from tests.support.server import ROOT, free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +50,12 @@ def serve(tmp: Path, **settings: str) -> Iterator[Server]:
         process = subprocess.Popen([*command, "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=log)
     base_url = f"http://127.0.0.1:{port}"
 
-    def healthy() -> bool:
+    def alive() -> None:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited early:\n{log_path.read_text(errors='replace')}")
-        return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
 
     try:
-        wait_until(healthy, timeout=30, what="the server's /healthz")
+        wait_healthy(base_url, alive)
         yield Server(base_url)
     finally:
         process.terminate()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.server import free_port, wait_until
+from tests.support.server import free_port, wait_healthy
 from tests.support.services import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,9 +82,7 @@ def test_image_start_command_migrates_then_serves_a_healthy_service(tmp_path: Pa
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(
-            lambda: httpx.get(f"{base}/healthz", timeout=1).status_code == 200, timeout=60, what="healthz"
-        )
+        wait_healthy(base, timeout=60)
         assert httpx.get(f"{base}/readyz", timeout=5).status_code == 200
         assert (tmp_path / "data" / "db.sqlite").exists()
     finally:

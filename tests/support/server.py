@@ -50,6 +50,21 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}")
 
 
+def wait_healthy(base_url: str, check: Callable[[], object] = lambda: None, timeout: float = 30.0) -> None:
+    """Poll ``base_url``'s ``/healthz`` until it answers 200; ``check()`` raises if the server died.
+
+    One client for every try: a new httpx client loads the CA bundle again (some 20 ms of CPU), so
+    a new one per try, every 20 ms, would keep a core busy while the server starts.
+    """
+    with httpx.Client(timeout=1) as http:
+
+        def healthy() -> bool:
+            check()
+            return http.get(f"{base_url}/healthz").status_code == 200
+
+        wait_until(healthy, timeout=timeout, what=f"service at {base_url}")
+
+
 async def async_wait_until(
     predicate: Callable[[], Any], within: float = 10.0, interval: float = 0.02, what: str = ""
 ) -> Any:
@@ -127,14 +142,13 @@ class ServerProcess:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
             )
-        wait_until(self._healthy, timeout=30, what=f"service on port {self.port}")
+        wait_healthy(self.base_url, self._alive)
         return self
 
-    def _healthy(self) -> bool:
+    def _alive(self) -> None:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"service exited early:\n{self.logs()}")
-        return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""

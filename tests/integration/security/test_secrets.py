@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.fake_agents import EchoAgentBehaviour
 from tests.support.fake_openai import FakeOpenAIServer, FakeReply
-from tests.support.server import ROOT, free_port, wait_until
+from tests.support.server import ROOT, free_port, wait_healthy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -84,12 +84,11 @@ class Production:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_until(self._healthy, timeout=30, what="the service to start")
+        wait_healthy(self.base_url, self._alive)
 
-    def _healthy(self) -> bool:
+    def _alive(self) -> None:
         if self.proc.poll() is not None:
             raise AssertionError(f"the service exited:\n{self.log_path.read_text(errors='replace')}")
-        return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
 
     def stop(self) -> str:
         if self.proc.poll() is None:
