@@ -18,7 +18,6 @@ import asyncio
 import random
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -28,10 +27,12 @@ from types import TracebackType
 import redis
 from redis.cluster import RedisCluster
 
+from tests.support.ports import free_ports
 from tests.support.server import wait_until
 from tests.support.services import REDIS_CLUSTER_URL, unavailable
 
 NODE_TIMEOUT_MS = 2000
+CLUSTER_BUS_OFFSET = 10_000
 
 
 @asynccontextmanager
@@ -70,25 +71,6 @@ def delete_keys(url: str, prefix: str) -> None:
         client.close()
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` ports in a row whose cluster bus ports (10000 above) are free too."""
-    for _ in range(200):
-        base = random.randrange(20_000, 55_000 - count)
-        ports = list(range(base, base + count))
-        if all(_port_free(p) and _port_free(p + 10_000) for p in ports):
-            return ports
-    raise RuntimeError("no free ports for a private Redis Cluster")
-
-
 class PrivateCluster:
     """Six ``redis-server`` processes (three masters, a replica each) on 127.0.0.1, stopped on exit."""
 
@@ -96,7 +78,7 @@ class PrivateCluster:
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
             unavailable("redis-server and redis-cli are needed for a private Redis Cluster")
         self.workdir = workdir
-        self.ports = _free_ports(6)
+        self.ports = free_ports(6, plus=CLUSTER_BUS_OFFSET)  # and their cluster bus ports
         self.url = f"redis://127.0.0.1:{self.ports[0]}"
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
