@@ -142,8 +142,16 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy app
 echo "== pytest"
+# In parallel, on AGENTSTREAM_TEST_WORKERS pytest-xdist workers (4 by default: the tests wait on
+# sockets and processes much of the time, and 4 keep 2 cores busy), each with its own databases,
+# Redis keys and ports; a module's tests run on one worker, the browser tests all on one (one
+# Chromium), in the order they are collected (tests/support/scheduling.py). Arguments come after
+# these and win: `bash scripts/test.sh -n 0` runs the tests one after another, in this process.
+# Bytecode is written even under PYTHONDONTWRITEBYTECODE: pytest keeps the test modules it rewrites
+# there, which every worker, and every run after this one, would otherwise rewrite again.
 set +e
-.venv/bin/python -m pytest -W error::DeprecationWarning:app -p no:cacheprovider "$@"
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -W error::DeprecationWarning:app -p no:cacheprovider \
+  -n "${AGENTSTREAM_TEST_WORKERS:-4}" --dist loadscope --no-loadscope-reorder "$@"
 rc=$?
 set -e
 exit $rc

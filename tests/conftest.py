@@ -1,4 +1,4 @@
-"""Fixtures shared by every test."""
+"""Fixtures shared by every test, and how pytest-xdist shares the tests out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.scheduling import ScopeScheduling
 from tests.support.scripted import ScriptedLLM
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ScopeScheduling | None:
+    """``--dist loadscope`` by module, the browser tests as one scope (tests/support/scheduling.py)."""
+    return ScopeScheduling(config, log) if config.getoption("dist") == "loadscope" else None
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 The service runs as ``python -m uvicorn app.main:create_app --factory`` with a temporary SQLite file,
 the built-in demo model and one API key, which every page but the key-prompt test already holds.
-Chromium is the system one (no browser download ever happens).
+Chromium is the system one (no browser download ever happens). Under pytest-xdist every browser
+test runs on the same worker (tests/support/scheduling.py), so one Chromium and one service serve
+them all.
 """
 
 from __future__ import annotations
