@@ -231,7 +231,9 @@ def test_twenty_clients_that_never_read_a_long_run_cost_the_worker_bounded_memor
             crowded, crowded_s = run_measuring_rss(worker, api, model, conv, open_stalled)
             assert open_streams(worker.base_url) == STALLED_CLIENTS, "the stalled clients are still connected"
             # The run is not held up by them.
-            assert crowded_s < 2 * alone_s + 2.0, (
+            # (A bound of sanity, not a speed measurement: beside the other test workers on two
+            # cores a run's time varies threefold; a writer blocked by them would never finish.)
+            assert crowded_s < 5 * alone_s + 10.0, (
                 f"{crowded_s:.1f}s with stalled clients, {alone_s:.1f}s without"
             )
             # Holding for each of them what its socket did not take (the answer less what the
