@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
 from app.db.repositories.approvals import ApprovalRepo
+from app.db.repositories.face_threads import FaceThreadRepo
 from app.db.session import Database
 from app.llm.models import ModelRegistry
 from app.observability import Metrics
@@ -34,3 +36,8 @@ class Services:
     redis: Any = None
     tracing: Tracing = NO_TRACING
     extras: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def threads(self) -> FaceThreadRepo:
+        """The protocol faces' chats and threads (FACES.md V-02, G-02)."""
+        return FaceThreadRepo(self.db.sessionmaker)

@@ -158,6 +158,23 @@ class Message(Base):
     # request unless it is sent back (app.llm.providers).
     reasoning: Mapped[str | None] = mapped_column(StoredText)
     parent_seq: Mapped[int | None] = mapped_column(Integer)
+    client_id: Mapped[str | None] = mapped_column(String(200))
+    """The id a protocol face's client gave the message it sent (FACES.md V-02, G-02)."""
+
+
+class FaceThread(Base):
+    """An owner's client-side id of a chat (AI SDK), a thread (AG-UI) or a context (A2A), and the
+    conversation it names (FACES.md V-02, G-02): created at the id's first use."""
+
+    __tablename__ = "face_threads"
+
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    face: Mapped[str] = mapped_column(String(16), primary_key=True)
+    client_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Run(Base):

@@ -16,7 +16,7 @@ from typing import Literal
 
 from app.engine.approvals import Approvals
 from app.engine.context import ContextGuard
-from app.engine.events import AnswerSignalled, EventSink, PhaseChanged, RunDone, Usage
+from app.engine.events import AnswerSignalled, EventSink, PhaseChanged, RunDone, RunWaiting, Usage
 from app.engine.hooks import HookRegistry
 from app.engine.interrupts import InterruptQueue
 from app.engine.loop import LoopSettings, LoopStrategy, ToolLoop
@@ -251,6 +251,12 @@ class ReActAgent:
             )
             outcome = await loop.run()
             if outcome.awaiting:
+                await sink(
+                    RunWaiting(
+                        tuple(a.approval_id for a in outcome.awaiting if not a.client),
+                        tuple(a.call_id for a in outcome.awaiting if a.client),
+                    )
+                )
                 return AgentResult(
                     answer="",
                     iterations=outcome.iterations,

@@ -207,6 +207,21 @@ class RunResumed:
 
 
 @dataclass(frozen=True, slots=True)
+class RunWaiting:
+    """The run stops to wait (RUNS.md A-02, FACES.md C-02): for a person's decision on each of
+    ``approval_ids``, for the client's result of each of ``call_ids``. The last event of its
+    attempt; it goes on, with no ``resumed`` phase, once nothing of it is pending."""
+
+    approval_ids: tuple[str, ...]
+    call_ids: tuple[str, ...]
+    kind: Literal["waiting"] = "waiting"
+    channel: ClassVar[Channel] = "phase"
+
+    def data(self) -> dict[str, Any]:
+        return {"phase": "waiting", "approval_ids": list(self.approval_ids), "call_ids": list(self.call_ids)}
+
+
+@dataclass(frozen=True, slots=True)
 class RunQueued:
     """The run waits for room on some worker (RUNS.md Q-01): ``position`` 1 is the next to start."""
 
@@ -333,6 +348,7 @@ EngineEvent = (
     | FellBack
     | RunResumed
     | RunQueued
+    | RunWaiting
     | Injected
     | ApprovalRequested
     | ApprovalDecided

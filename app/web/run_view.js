@@ -198,6 +198,12 @@ export class RunView {
     if (data.phase === "queued") {
       return `Queued (position ${data.position ?? "?"}): starts when a worker has room`;
     }
+    if (data.phase === "waiting") {
+      const asked = (data.approval_ids ?? []).length;
+      const calls = (data.call_ids ?? []).length;
+      const what = [asked ? plural(asked, "approval") : "", calls ? plural(calls, "tool result") : ""];
+      return `Waiting for ${what.filter(Boolean).join(" and ") || "you"}`;
+    }
     const name = String(data.phase ?? "phase").replace(/_/g, " ");
     return name.charAt(0).toUpperCase() + name.slice(1);
   }

@@ -34,6 +34,7 @@ APP_TABLES = {
     "notes",
     "tool_effects",
     "approvals",
+    "face_threads",
 }
 
 
@@ -113,6 +114,7 @@ async def test_migrated_schema_keeps_the_partial_unique_index_and_named_constrai
         "fk_follow_ups_conversation_id_conversations",
         "fk_approvals_conversation_id_conversations",
         "fk_approvals_run_id_runs",
+        "fk_face_threads_conversation_id_conversations",
     }
     assert schema["pk"]["name"] == "pk_run_events"
     assert schema["pk"]["constrained_columns"] == ["conversation_id", "cursor_ms", "cursor_seq"]

@@ -131,6 +131,8 @@ class MessageRecord:
     reasoning: str | None = None
     parent_seq: int | None = None
     """The ``seq`` of the message this one follows in the conversation's tree (None: a root)."""
+    client_id: str | None = None
+    """The id a protocol face's client gave it (FACES.md V-02, G-02)."""
 
     @property
     def public_id(self) -> str:
@@ -227,6 +229,7 @@ def _message_record(row: Any) -> MessageRecord:
         created_at=row.created_at,
         reasoning=row.reasoning,
         parent_seq=row.parent_seq,
+        client_id=row.client_id,
     )
 
 
@@ -270,6 +273,7 @@ async def _append_messages(
     locked: bool = False,
     first_seq: int | None = None,
     head_from: int | Literal["any", "stay"] | None = "any",
+    client_ids: Sequence[str | None] = (),
 ) -> int:
     """Append ``messages`` to the conversation's tree, one below the other, the first below the
     message ``parent_seq`` (None: as a first message), and mark the conversation updated, inside
@@ -279,6 +283,7 @@ async def _append_messages(
     ``locked``: the caller has locked (touched) the conversation's row in this transaction.
     ``first_seq``: the seq after the conversation's last message, known to a caller that read
     the messages under that lock (so no query for it).
+    ``client_ids``: the ids a protocol face's client gave the messages, in order (may be shorter).
     """
     now = utcnow()
     if not locked:
@@ -305,6 +310,7 @@ async def _append_messages(
                 "pinned": message.pinned,
                 "reasoning": message.reasoning,
                 "created_at": now,
+                "client_id": client_ids[offset] if offset < len(client_ids) else None,
             }
             for offset, message in enumerate(messages)
         ],

@@ -60,6 +60,8 @@ class Placement:
     under_head: bool = True
     parent_seq: int | None = None
     question_seq: int | None = None
+    client_id: str | None = None
+    """The id a protocol face's client gave a new question (FACES.md V-02, G-02)."""
 
 
 UNDER_HEAD = Placement()
@@ -73,7 +75,6 @@ class Opening:
 
     events: list[StoredEvent]
     checkpoint: str
-
 
 
 async def insert_start(
@@ -158,19 +159,16 @@ async def insert_start(
             parent_seq=parent,
             locked=True,
             first_seq=seq,
+            client_ids=(placement.client_id,),
         )
     row["question_seq"] = question
-    await session.execute(
-        _SET_START, {"b_id": row["id"], "start_cursor": cursor, "question_seq": question}
-    )
+    await session.execute(_SET_START, {"b_id": row["id"], "start_cursor": cursor, "question_seq": question})
     after = cursor
     if opening is not None:
         opened = opening(row["id"], cursor)
         if opened.events:
             await _insert_events(session, [_event_row(conversation_id, e) for e in opened.events])
-            stored = await session.scalar(
-                select(func.count()).where(_events.c.run_id == row["id"])
-            )
+            stored = await session.scalar(select(func.count()).where(_events.c.run_id == row["id"]))
             if stored != len(opened.events):  # another process stored under one of the ids
                 raise EventIdTakenError(opened.events[0].id)
             after = opened.events[-1].id

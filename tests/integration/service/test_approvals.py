@@ -148,6 +148,16 @@ def test_a_call_that_needs_approval_waits_and_the_owners_approval_carries_the_ru
     }
     assert observation(events, "calculator") == "6*7 = 42"
     assert not [e for e in events if e["event"] == "phase" and e["data"]["phase"] == "resumed"]
+    # The run said that it waits, as the last event before the decision, naming what it waits for.
+    (waiting,) = [e for e in events if e["event"] == "phase" and e["data"]["phase"] == "waiting"]
+    assert waiting["data"] == {
+        "phase": "waiting",
+        "approval_ids": [pending["approval_id"]],
+        "call_ids": [],
+        "run_id": run_id,
+    }
+    after_wait = events[events.index(waiting) + 1]
+    assert (after_wait["event"], after_wait["data"]["status"]) == ("approval", "approved")
     assert api.http.get("/api/approvals").json()["items"] == []
 
 

@@ -340,6 +340,9 @@ def test_a_client_call_and_an_approval_of_one_reply_wait_together_until_both_are
     events = api.wait_stored(run_id)
     assert observation(events, "calculator") == "6*7 = 42"
     assert observation(events, "get_location") == "Paris"
+    # Once, when it stopped: the run waits for both, and names them.
+    (waiting,) = [e["data"] for e in events if e["event"] == "phase" and e["data"]["phase"] == "waiting"]
+    assert (waiting["approval_ids"], waiting["call_ids"]) == ([approval["approval_id"]], [call_id])
     # The model was asked again once, with both results after its reply, in call order.
     assert loop_requests_after_tool_results(gated_llm) == 1
     (body,) = [b for b in gated_llm.agent.requests if not b.get("stream") and _has_tool_result(b)]

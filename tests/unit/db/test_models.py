@@ -76,6 +76,9 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "ix_approvals_conversation_id",
         "ix_approvals_owner_status_created_at",
         "ix_approvals_status_expires_at",
+        "pk_face_threads",
+        "fk_face_threads_conversation_id_conversations",
+        "ix_face_threads_conversation_id",
     }
 
 
@@ -83,7 +86,7 @@ def test_foreign_keys_cascade_deletes_from_conversations() -> None:
     fks = [fk for table in Base.metadata.sorted_tables for fk in table.foreign_keys]
 
     # Everything of a conversation goes with it: checkpoints and approvals through their run too.
-    assert len(fks) == 7
+    assert len(fks) == 8
     assert {fk.column.table.name for fk in fks} == {"conversations", "runs"}
     assert all(fk.ondelete == "CASCADE" for fk in fks)
     through_run = {fk.parent.table.name for fk in fks if fk.column.table.name == "runs"}
