@@ -14,6 +14,7 @@ from app.api.deps import OwnerDep, ServicesDep
 from app.api.presenters import branch_out, conversation_out
 from app.api.schemas import (
     Accepted,
+    AgentSpec,
     ConversationCreate,
     ConversationDetail,
     ConversationOut,
@@ -86,7 +87,14 @@ async def create_conversation(
     services: ServicesDep, owner: OwnerDep, body: Annotated[ConversationCreate | None, Body()] = None
 ) -> ConversationOut:
     body = body or ConversationCreate()
-    agent = body.agent.model_dump(exclude_none=True) if body.agent else {}
+    agent = checked_agent(services, body.agent)
+    conv = await services.conversations.create(owner, body.title or "New conversation", agent)
+    return conversation_out(conv)
+
+
+def checked_agent(services: Services, spec: AgentSpec | None) -> dict[str, Any]:
+    """A new conversation's agent settings as stored; 422 for tools or a model the service lacks."""
+    agent = spec.model_dump(exclude_none=True) if spec else {}
     unknown = [name for name in agent.get("tools", []) if name not in services.tools]
     unknown += [
         name for name in agent.get("require_approval", []) if name != "*" and name not in services.tools
@@ -96,8 +104,7 @@ async def create_conversation(
     if "model" in agent and agent["model"] not in services.models:
         raise InvalidInputError(f"unknown model {agent['model']!r}; see GET /api/models")
     check_client_tools(services, agent.get("client_tools") or [])
-    conv = await services.conversations.create(owner, body.title or "New conversation", agent)
-    return conversation_out(conv)
+    return agent
 
 
 # Conversations are made now; a cursor's time outside these bounds was not handed out by us, and
