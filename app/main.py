@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app import __version__
 from app.api.errors import install_error_handlers
+from app.api.faces.aisdk import routes as ai_sdk_face
 from app.api.limits import BodySizeLimit
 from app.api.routes import (
     approvals,
@@ -259,6 +260,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runs,
         stream,
         openai_compat,
+        ai_sdk_face,
     ):
         app.include_router(module.router)
 
