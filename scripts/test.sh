@@ -36,6 +36,18 @@ if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[test]"
 
+# --- Node clients (tests/node: the AI SDK's chat client and AG-UI's HttpAgent, pinned) ----------
+# `npm ci` from package-lock.json when node_modules was never installed here, or the lock (or
+# package.json) changed since the last install (the stamp is written only after one succeeded).
+# ai@7 declares node>=22 but runs on the Node 20 here: tests/node/.npmrc keeps engine-strict off.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then apt_install nodejs npm; fi
+NODE_STAMP=tests/node/node_modules/.agentstream-installed
+if [ ! -f "$NODE_STAMP" ] || [ tests/node/package-lock.json -nt "$NODE_STAMP" ] \
+   || [ tests/node/package.json -nt "$NODE_STAMP" ]; then
+  (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  touch "$NODE_STAMP"
+fi
+
 # --- Redis -----------------------------------------------------------------------------------
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 REDIS_PORT=6379
