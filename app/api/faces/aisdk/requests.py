@@ -87,10 +87,14 @@ class GoesOn:
 
 async def chat_of(services: Services, owner: str, body: ChatIn) -> ConversationRecord:
     """The chat's conversation, created at first use with the text of the messages before the
-    last one as its history (V-02)."""
+    last one as its history (V-02). A request a new chat cannot take creates nothing."""
     found = await services.threads.find(owner, FACE, body.id)
     if found is not None:
         return found
+    last = body.messages[-1]
+    if body.trigger == "regenerate-message" or last.role == "assistant":
+        raise NotFoundError("this chat has no message to answer again or to continue")
+    _question_text(last)
     agent = checked_agent(services, body.agent)
     earlier = [
         (ChatMessage(role=m.role, content=m.text()), m.id)  # type: ignore[arg-type]
@@ -128,13 +132,7 @@ async def meaning(services: Services, owner: str, conv: ConversationRecord, body
     path = _path_seqs(records, head)
     if body.trigger == "regenerate-message":
         return await _regenerate(services, owner, conv, body, records, path)
-    if last.role != "user":
-        raise InvalidInputError(
-            "the last message must be the user's new message, or the assistant's to continue"
-        )
-    text = last.text()
-    if not text.strip():
-        raise InvalidInputError("the last user message has no text")
+    text = _question_text(last)
     known = _by_client_id(records, last.id, path)
     if known is None:
         return NewRun(text, Placement(client_id=last.id))
@@ -142,6 +140,17 @@ async def meaning(services: Services, owner: str, conv: ConversationRecord, body
         return NewRun(known.content or "", Placement(question_seq=known.seq))
     # The same message with other text: an edit (B-02), a sibling of the message it replaces.
     return NewRun(text, Placement(under_head=False, parent_seq=known.parent_seq, client_id=last.id))
+
+
+def _question_text(last: UIMessageIn) -> str:
+    if last.role != "user":
+        raise InvalidInputError(
+            "the last message must be the user's new message, or the assistant's to continue"
+        )
+    text = last.text()
+    if not text.strip():
+        raise InvalidInputError("the last user message has no text")
+    return text
 
 
 def _path_seqs(records: list[MessageRecord], head: int | None) -> set[int]:
