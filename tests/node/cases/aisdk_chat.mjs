@@ -152,7 +152,8 @@ const scenarios = {
 
   /** The POST's body is cut mid-answer; resumeStream() (GET .../stream) rebuilds the message. */
   async resumeCut() {
-    const fetcher = cuttingFetch(Number(env("CUT_AFTER")));
+    // CUT_AFTER 0: the body is not cut here (the worker serving it dies instead).
+    const fetcher = cuttingFetch(Number(env("CUT_AFTER", "0")) || undefined);
     const { chat, errors } = newChat({ fetch: fetcher });
     await chat.sendMessage({ text });
     await waitIdle(chat);
