@@ -53,6 +53,8 @@ class _State:
     approval_calls: set[str] = field(default_factory=set)
     approvals: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Approval id → its call's id and the step of its request, for the approvals requested."""
+    data: dict[str, int] = field(default_factory=dict)
+    """Data parts by id, and the step each is in (one sent again is replaced where it is)."""
     refused: set[str] = field(default_factory=set)
     """Calls denied or expired (their part is ``output-denied``; their observation is not shown)."""
     text: str | None = None
@@ -104,10 +106,10 @@ class MessageChunks:
             if data.get("phase") == "resumed":
                 return await self._resumed(event, data)
             if data.get("phase") in _PHASE_PARTS:
-                return self._part(_data_part("phase", f"phase:{data['phase']}", data))
+                return self._data("phase", f"phase:{data['phase']}", data)
             return []
         if kind in ("inject", "compact"):
-            return self._part(_data_part(kind, f"{kind}:{event.id}", data))
+            return self._data(kind, f"{kind}:{event.id}", data)
         if kind == "done":
             return self._done(data)
         return []
@@ -129,6 +131,14 @@ class MessageChunks:
     def _part(self, *chunks: Chunk) -> list[Chunk]:
         self._s.step_parts += 1
         return list(chunks)
+
+    def _data(self, kind: str, part_id: str, data: dict[str, Any]) -> list[Chunk]:
+        shown = {k: v for k, v in data.items() if k != "run_id"}
+        chunk = {"type": f"data-agentstream-{kind}", "id": part_id, "data": shown}
+        if part_id in self._s.data:
+            return [chunk]  # the client replaces the part where it is
+        self._s.data[part_id] = self._s.steps
+        return self._part(chunk)
 
     async def _step(self, data: dict[str, Any]) -> list[Chunk]:
         s = self._s
@@ -326,16 +336,12 @@ class MessageChunks:
         state.shown = {**{c: n for c, n in live.shown.items() if n < live.steps}, **state.shown}
         asked = {a: v for a, v in live.approvals.items() if v[1] < live.steps}
         state.approvals = {**asked, **state.approvals}
+        state.data = {**{d: n for d, n in live.data.items() if n < live.steps}, **state.data}
         state.client_calls |= live.client_calls
         state.approval_calls |= live.approval_calls
         state.refused |= live.refused
         state.texts = max(state.texts, live.texts)
         self._s = state
         self._seen = [*kept, event]
-        out += self._part(_data_part("phase", "phase:resumed", data))
+        out += self._data("phase", "phase:resumed", data)
         return out
-
-
-def _data_part(kind: str, part_id: str, data: dict[str, Any]) -> Chunk:
-    shown = {k: v for k, v in data.items() if k != "run_id"}
-    return {"type": f"data-agentstream-{kind}", "id": part_id, "data": shown}
