@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app import __version__
 from app.api.errors import install_error_handlers
+from app.api.faces.agui import routes as ag_ui_face
 from app.api.faces.aisdk import routes as ai_sdk_face
 from app.api.limits import BodySizeLimit
 from app.api.routes import (
@@ -261,6 +262,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stream,
         openai_compat,
         ai_sdk_face,
+        ag_ui_face,
     ):
         app.include_router(module.router)
 

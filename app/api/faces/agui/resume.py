@@ -1,0 +1,152 @@
+"""What an AG-UI request settles of its thread's waiting run (FACES.md G-02, G-04; design note D1.5).
+
+``resume`` entries decide the run's pending approvals (``resolved`` with ``{approved, editedArgs?,
+reason?}``; ``cancelled`` is a denial), and ``tool`` messages answering its pending client calls
+are their results. Only what the database holds as pending for the run counts: the client's
+history is never trusted. Everything is checked before anything is decided, so a refused resume
+(``Refusal``, answered as ``RUN_ERROR``) decides nothing. A ``cancelled`` entry for an interrupt of
+the thread that expired or was decided already is a no-op: the 1.0 client makes a thread cancel
+its expired interrupts before it runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from app.api.faces.agui.requests import ResumeIn, ToolMessageIn, text_of
+from app.api.schemas import ApprovalDecisionIn
+from app.api.settle import answer_call, call_output, decide_approval, edited_args
+from app.container import Services
+from app.db.repositories.approvals import ApprovalRecord
+from app.errors import InvalidInputError
+from app.runs.approvals import APPROVAL_ID
+
+
+class Refusal(Exception):
+    """What the request asks cannot be done; the response says so in ``RUN_ERROR {code}``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    approval: ApprovalRecord
+    status: Literal["approved", "denied"]
+    reason: str | None
+    args: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Settlement:
+    decisions: list[Decision] = field(default_factory=list)
+    results: list[tuple[ApprovalRecord, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def ids(self) -> set[str]:
+        """The approval and call ids it settles (the ``waiting`` event names them)."""
+        return {d.approval.id for d in self.decisions} | {call.call_id for call, _ in self.results}
+
+    def __bool__(self) -> bool:
+        return bool(self.decisions or self.results)
+
+
+async def settlement(
+    services: Services,
+    conversation_id: str | None,
+    *,
+    approvals: Sequence[ApprovalRecord],
+    calls: Sequence[ApprovalRecord],
+    entries: Sequence[ResumeIn],
+    tool_messages: Sequence[ToolMessageIn],
+) -> Settlement:
+    """What the request settles of the pending ``approvals`` and ``calls`` of the thread's run;
+    ``Refusal`` (nothing decided) for a resume that misses an open interrupt, names an unknown
+    one, or carries a bad payload; ``InvalidInputError`` (422) for a result that cannot be stored."""
+    out = Settlement()
+    open_ = {a.id: a for a in approvals}
+    answered: set[str] = set()
+    for entry in entries:
+        if entry.interrupt_id in answered:
+            raise Refusal("invalid_resume", f"interrupt {entry.interrupt_id} is answered twice")
+        answered.add(entry.interrupt_id)
+        approval = open_.get(entry.interrupt_id)
+        if approval is None:
+            if entry.status == "cancelled" and await _closed(services, conversation_id, entry.interrupt_id):
+                continue
+            raise Refusal("invalid_resume", f"no open interrupt of this thread has id {entry.interrupt_id}")
+        out.decisions.append(_decision(services, approval, entry))
+    waiting = {c.call_id: c for c in calls}
+    for message in tool_messages:
+        call = waiting.pop(message.tool_call_id, None)
+        if call is not None:
+            out.results.append((call, _result(message)))
+    missed = [a.id for a in approvals if a.id not in answered]
+    if missed and (entries or out.results):
+        raise Refusal("invalid_resume", f"the resume misses open interrupts: {', '.join(missed)}")
+    return out
+
+
+async def _closed(services: Services, conversation_id: str | None, interrupt_id: str) -> bool:
+    """Whether ``interrupt_id`` is an approval of the thread that is no longer open."""
+    if conversation_id is None or not APPROVAL_ID.fullmatch(interrupt_id):
+        return False
+    found = await services.approvals.get(interrupt_id)
+    return found is not None and found.conversation_id == conversation_id and found.kind == "approval"
+
+
+def _decision(services: Services, approval: ApprovalRecord, entry: ResumeIn) -> Decision:
+    payload = entry.payload if isinstance(entry.payload, dict) else {}
+    reason = payload.get("reason")
+    edited = None
+    approved: Any = False
+    if entry.status == "cancelled":
+        reason = reason if isinstance(reason, str) else None
+    else:
+        approved = payload.get("approved")
+        if not isinstance(approved, bool):
+            raise Refusal(
+                "invalid_resume", f"interrupt {approval.id}: payload.approved must be true or false"
+            )
+        edited = payload.get("editedArgs")
+    try:
+        checked = ApprovalDecisionIn.model_validate(
+            {"decision": "approve" if approved else "deny", "reason": reason, "tool_args": edited}
+        )
+        if checked.tool_args is not None and not approved:
+            raise InvalidInputError("editedArgs go with an approval only; a denial runs nothing")
+        args = dict(approval.tool_args)
+        if checked.tool_args is not None:
+            args = edited_args(services, approval, checked.tool_args)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem.get("loc", ()))
+        raise Refusal("invalid_resume", f"interrupt {approval.id}: {where}: {problem.get('msg')}") from None
+    except InvalidInputError as exc:
+        raise Refusal("invalid_resume", f"interrupt {approval.id}: {exc.message}") from None
+    return Decision(approval, "approved" if approved else "denied", checked.reason, args)
+
+
+def _result(message: ToolMessageIn) -> dict[str, Any]:
+    """A client call's result as stored, with the id of the client's tool message beside it (the
+    snapshots show the message under that id: G-03)."""
+    content = text_of(message.content)
+    if message.error is not None:
+        return call_output(error=message.error, message_id=message.id, content=content)
+    return call_output(content, message_id=message.id)
+
+
+async def settle(services: Services, plan: Settlement, owner: str) -> None:
+    """Decide and answer what ``plan`` holds (the last one carries the run on)."""
+    for d in plan.decisions:
+        await decide_approval(
+            services, d.approval, status=d.status, reason=d.reason, args=d.args, decided_by=owner
+        )
+    for call, output in plan.results:
+        await answer_call(services, call, output)

@@ -1,0 +1,137 @@
+"""AG-UI threads (FACES.md G-02, G-03): a ``threadId`` names one conversation per owner, created at
+first use with the earlier messages as its history; the client sends its whole history every time
+and only what the conversation lacks is stored; the ids of the events, of later snapshots and of
+the history the client sends back are the same. Every response passes ``ag-ui-validate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
+    AgUi,
+    Response,
+    alice_fixture,
+    bob_fixture,
+    play,
+    run_input,
+    service_fixture,
+    thread_id,
+    user,
+)
+from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    FakeLLM,
+    gated_llm_fixture,
+    redis_prefix_fixture,
+    start_service_fixture,
+)
+from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def ids_in_events(response: Response) -> set[str]:
+    """Every message and call id a response's events named."""
+    out: set[str] = set()
+    for event in response.events:
+        for key in ("messageId", "toolCallId", "parentMessageId"):
+            if isinstance(event.get(key), str):
+                out.add(event[key])
+    return out
+
+
+def ids_in(messages: list[dict[str, Any]]) -> set[str]:
+    return {m["id"] for m in messages} | {c["id"] for m in messages for c in m.get("toolCalls") or ()}
+
+
+def stored(alice: AgUi) -> list[tuple[str, str | None]]:
+    return [(m["role"], m["content"]) for m in alice.only_conversation()["messages"]]
+
+
+def test_a_thread_used_again_keeps_its_ids_and_what_the_client_sends_back_is_not_stored_twice(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    agent = play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*7"}))
+    thread = thread_id()
+    first = alice.post(
+        run_input(thread, [user("what is 6*7?", "q-1")], forwardedProps={"agent": {"mode": "json"}})
+    )
+    after_first = stored(alice)
+
+    # Ids in the events are the snapshot's (reasoning, the call's reply, the call, its result, the answer).
+    named = ids_in_events(first)
+    assert len(named) >= 6 and named <= ids_in(first.snapshot)
+
+    # The history sent back as it is, with nothing new: the thread as it was, nothing stored.
+    again = alice.post(run_input(thread, first.snapshot))
+    assert again.kinds == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert again.snapshot == first.snapshot
+    assert stored(alice) == after_first
+
+    # Sent back with a new question (as CopilotKit does): only the question is new.
+    second = alice.post(run_input(thread, [*first.snapshot, user("and once more?", "q-2")]))
+    assert second.last["type"] == "RUN_FINISHED"
+    assert second.snapshot[: len(first.snapshot)] == first.snapshot
+    assert second.snapshot[len(first.snapshot)] == {"id": "q-2", "role": "user", "content": "and once more?"}
+    assert stored(alice)[: len(after_first)] == after_first
+    contents = [content for _, content in stored(alice)]
+    assert contents.count("what is 6*7?") == contents.count("and once more?") == 1
+    assert len(alice.conversations()) == 1
+    # The model read the first run as history in the second: the call, its result, the answer.
+    last_ask = [b for b in gated_llm.agent.requests if not b.get("stream")][-1]
+    assert "6*7 = 42" in str(last_ask["messages"]) and agent.answer in str(last_ask["messages"])
+
+
+def test_a_new_threads_earlier_messages_become_its_history_under_the_clients_ids(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, EchoAgentBehaviour())
+    history = [
+        {"id": "sys-1", "role": "system", "content": "Be brief."},
+        user("my name is Ada", "h-1"),
+        {"id": "h-2", "role": "assistant", "content": "Hello Ada."},
+        {"id": "r-1", "role": "reasoning", "content": "a thought the client kept"},
+    ]
+    context = [{"description": "the page", "value": "the billing settings"}]
+
+    response = alice.post(
+        run_input(thread_id(), [*history, user("what is my name?", "q-1")], context=context)
+    )
+
+    assert response.last["type"] == "RUN_FINISHED"
+    assert [(m["id"], m["role"]) for m in response.snapshot[:3]] == [
+        ("sys-1", "system"),
+        ("h-1", "user"),
+        ("h-2", "assistant"),
+    ]
+    question = next(
+        m for m in response.snapshot if m["role"] == "user" and m["content"] == "what is my name?"
+    )
+    assert question["id"] == "q-1"
+    asked = next(b for b in gated_llm.agent.requests if not b.get("stream"))
+    sent = str(asked["messages"])
+    assert "my name is Ada" in sent and "Hello Ada." in sent and "the billing settings" in sent
+    assert "a thought the client kept" not in sent
+
+
+def test_two_owners_with_the_same_thread_id_have_two_conversations(
+    alice: AgUi, bob: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, EchoAgentBehaviour())
+    thread = thread_id()
+
+    alices = alice.post(run_input(thread, [user("alice's secret question", "a-1")]))
+    bobs = bob.post(run_input(thread, [user("bob's question", "b-1")]))
+
+    assert [m["content"] for m in alices.snapshot if m["role"] == "user"] == ["alice's secret question"]
+    assert [m["content"] for m in bobs.snapshot if m["role"] == "user"] == ["bob's question"]
+    assert alices.last["result"]["run_id"] != bobs.last["result"]["run_id"]
+    (mine,), (theirs,) = alice.conversations(), bob.conversations()
+    assert mine["id"] != theirs["id"]
+    # Bob's thread does not know Alice's message ids: hers sent in his thread are a question.
+    reuse = bob.post(run_input(thread, [*bobs.snapshot, user("alice's secret question", "a-1")]))
+    assert reuse.last["type"] == "RUN_FINISHED" and "result" in reuse.last
+    assert alice.http.get(f"/api/conversations/{theirs['id']}").status_code == 404
+    assert len(alice.only_conversation()["messages"]) == 2

@@ -1,0 +1,284 @@
+"""A run that waits, through the AG-UI face (FACES.md G-04, C-01..C-03): the real service on the
+fake model, every response checked by ``ag-ui-validate``.
+
+An approval ends the response with a snapshot and an interrupt outcome; the next request's
+``resume`` decides it (``cancelled`` is a denial) and the same run goes on in that response, which
+starts with a snapshot. A resume that misses an open interrupt, names an unknown one or carries a
+bad payload is ``RUN_ERROR invalid_resume`` and decides nothing. A client tool declared in
+``tools`` ends the response with ``pendingToolCallIds``; the request carrying its ``tool`` message
+streams the continuation, and the snapshots keep the client's id of that message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
+    AgUi,
+    Response,
+    alice_fixture,
+    bob_fixture,
+    play,
+    run_input,
+    service_fixture,
+    thread_id,
+    user,
+)
+from tests.integration.service.test_approvals import TwoToolsAgent
+from tests.integration.service.test_client_tools import LOCATION, CallsBesideAgent, tool_messages_sent
+from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    FakeLLM,
+    gated_llm_fixture,
+    redis_prefix_fixture,
+    start_service_fixture,
+)
+from tests.support.fake_agents import ToolAgentBehaviour
+
+pytestmark = pytest.mark.timeout(30)
+
+APPROVING = {"agent": {"require_approval": ["calculator"]}}
+
+
+def asked(alice: AgUi, llm: FakeLLM, **agent: Any) -> tuple[dict[str, Any], Response]:
+    """A thread whose run waits for the approval of calculator(6*7): (its first input, response)."""
+    play(llm, ToolAgentBehaviour("calculator", {"expression": "6*7"}))
+    body = run_input(
+        thread_id(), [user("what is 6*7?", "u-1")], forwardedProps={"agent": agent or APPROVING["agent"]}
+    )
+    return body, alice.post(body)
+
+
+def resumed(
+    body: dict[str, Any], first: Response, resume: list[dict[str, Any]], **more: Any
+) -> dict[str, Any]:
+    """The next input of the client: the thread it holds, the resume, a new ``runId``."""
+    return run_input(body["threadId"], first.snapshot, resume=resume, **more)
+
+
+def interrupt_id(first: Response) -> str:
+    (interrupt,) = first.last["outcome"]["interrupts"]
+    return str(interrupt["id"])
+
+
+def test_an_approval_ends_the_response_with_an_interrupt_and_the_resume_carries_the_same_run_on(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    body, first = asked(alice, gated_llm)
+
+    assert first.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    call = first.one("TOOL_CALL_START")
+    assert first.of("TOOL_CALL_RESULT") == []
+    conversation = alice.only_conversation()
+    run = alice.run(conversation["active_run_id"])
+    (pending,) = run["pending_approvals"]
+    assert run["status"] == "waiting"
+    (interrupt,) = first.last["outcome"]["interrupts"]
+    assert first.last["outcome"]["type"] == "interrupt"
+    assert interrupt == {
+        "id": pending["approval_id"],
+        "reason": "tool_call",
+        "toolCallId": call["toolCallId"],
+        "message": 'Allow calculator({"expression":"6*7"})?',
+        "expiresAt": pending["expires_at"],
+        "responseSchema": interrupt["responseSchema"],
+        "metadata": {"tool_name": "calculator", "tool_args": {"expression": "6*7"}},
+    }
+    assert interrupt["responseSchema"]["required"] == ["approved"]
+    # Nothing new while it waits: the same interrupt again; a new question meanwhile is refused.
+    again = alice.post(run_input(body["threadId"], first.snapshot))
+    assert again.kinds == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert again.last["outcome"] == first.last["outcome"] and again.snapshot == first.snapshot
+    refused = alice.post(run_input(body["threadId"], [*first.snapshot, user("and 2+2?")]))
+    assert refused.status == 409 and json.loads(refused.body)["error"]["code"] == "run_active"
+
+    edited = {"approved": True, "editedArgs": {"expression": "2*3"}}
+    second = alice.post(
+        resumed(body, first, [{"interruptId": interrupt["id"], "status": "resolved", "payload": edited}])
+    )
+
+    assert second.kinds[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
+    assert second.of("MESSAGES_SNAPSHOT")[0]["messages"] == first.snapshot
+    (decision,) = second.custom("agentstream.approval")
+    assert (decision["status"], decision["approval_id"], decision["tool_args"]) == (
+        "approved",
+        interrupt["id"],
+        {"expression": "2*3"},
+    )
+    assert second.of("TOOL_CALL_START") == []  # the call is the snapshot's: no second start
+    result = second.one("TOOL_CALL_RESULT")
+    assert result["toolCallId"] == call["toolCallId"] and "2*3 = 6" in result["content"]
+    finished = alice.run(run["run_id"])
+    assert finished["status"] == "completed" and finished["pending_approvals"] == []
+    assert second.last["result"] == {
+        "run_id": run["run_id"],
+        "answer": finished["answer"],
+        "usage": finished["usage"],
+    }
+    assert second.text == finished["answer"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ({"status": "cancelled"}, None),
+        ({"status": "resolved", "payload": {"approved": False, "reason": "not today"}}, "not today"),
+    ],
+    ids=["cancelled", "resolved-not-approved"],
+)
+def test_a_denial_through_resume_runs_nothing_and_the_model_reads_it(
+    entry: dict[str, Any], reason: str | None, alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    body, first = asked(alice, gated_llm)
+    call_id = first.one("TOOL_CALL_START")["toolCallId"]
+
+    second = alice.post(resumed(body, first, [{"interruptId": interrupt_id(first), **entry}]))
+
+    (decision,) = second.custom("agentstream.approval")
+    assert (decision["status"], decision["reason"]) == ("denied", reason)
+    result = second.one("TOOL_CALL_RESULT")
+    assert result["toolCallId"] == call_id and "42" not in result["content"]
+    assert result["metadata"]["agentstream"]["error"] == result["content"]
+    assert second.last["type"] == "RUN_FINISHED"
+    run = alice.run(second.last["result"]["run_id"])
+    assert run["status"] == "completed"
+    denied = [m for m in second.snapshot if m["role"] == "tool"]
+    assert denied == [
+        {
+            "id": f"tool_{call_id}",
+            "role": "tool",
+            "content": result["content"],
+            "toolCallId": call_id,
+            "error": result["content"],
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["misses-an-open-interrupt", "unknown-id", "bad-payload", "edited-args-on-a-denial", "answered-twice"],
+)
+def test_a_resume_the_run_cannot_take_is_a_run_error_and_decides_nothing(
+    case: str, alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, TwoToolsAgent())
+    agent = {"require_approval": ["calculator", "word_count"]}
+    body = run_input(thread_id(), [user("count and compute")], forwardedProps={"agent": agent})
+    first = alice.post(body)
+    one, two = (i["id"] for i in first.last["outcome"]["interrupts"])
+    approve = {"status": "resolved", "payload": {"approved": True}}
+    resume = {
+        "misses-an-open-interrupt": [{"interruptId": one, **approve}],
+        "unknown-id": [
+            {"interruptId": one, **approve},
+            {"interruptId": two, **approve},
+            {"interruptId": "apr_" + "0" * 32, **approve},
+        ],
+        "bad-payload": [
+            {"interruptId": one, **approve},
+            {"interruptId": two, "status": "resolved", "payload": {"approved": "yes"}},
+        ],
+        "edited-args-on-a-denial": [
+            {"interruptId": one, **approve},
+            {
+                "interruptId": two,
+                "status": "resolved",
+                "payload": {"approved": False, "editedArgs": {"text": "x"}},
+            },
+        ],
+        "answered-twice": [
+            {"interruptId": one, **approve},
+            {"interruptId": two, **approve},
+            {"interruptId": one, **approve},
+        ],
+    }[case]
+
+    refused = alice.post(resumed(body, first, resume))
+
+    assert refused.kinds == ["RUN_STARTED", "RUN_ERROR"]
+    assert refused.last["code"] == "invalid_resume" and refused.last["message"]
+    run = alice.run(alice.only_conversation()["active_run_id"])
+    assert run["status"] == "waiting"
+    assert sorted(a["approval_id"] for a in run["pending_approvals"]) == sorted([one, two])
+
+
+def test_another_owners_interrupt_is_unknown_to_a_thread_of_the_same_id(
+    alice: AgUi, bob: AgUi, gated_llm: FakeLLM
+) -> None:
+    body, first = asked(alice, gated_llm)
+
+    forged = bob.post(
+        resumed(
+            body,
+            first,
+            [{"interruptId": interrupt_id(first), "status": "resolved", "payload": {"approved": True}}],
+        )
+    )
+
+    assert forged.kinds == ["RUN_STARTED", "RUN_ERROR"] and forged.last["code"] == "invalid_resume"
+    assert bob.conversations() == []
+    run = alice.run(alice.only_conversation()["active_run_id"])
+    assert run["status"] == "waiting" and len(run["pending_approvals"]) == 1
+
+
+def test_a_cancelled_resume_of_an_interrupt_already_decided_is_a_no_op_and_the_question_runs(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    body, first = asked(alice, gated_llm)
+    closed = interrupt_id(first)
+    second = alice.post(
+        resumed(body, first, [{"interruptId": closed, "status": "resolved", "payload": {"approved": True}}])
+    )
+    assert second.last["type"] == "RUN_FINISHED"
+
+    # What the 1.0 client does for an interrupt it holds as expired: it cancels it beside its question.
+    third = alice.post(
+        run_input(
+            body["threadId"],
+            [*second.snapshot, user("thanks")],
+            resume=[{"interruptId": closed, "status": "cancelled"}],
+        )
+    )
+
+    assert third.last["type"] == "RUN_FINISHED" and "result" in third.last
+    assert third.last["result"]["run_id"] != second.last["result"]["run_id"]
+    decided = [
+        e
+        for e in alice.http.get(f"/api/runs/{second.last['result']['run_id']}/events").json()
+        if e["event"] == "approval"
+    ]
+    assert [e["data"]["status"] for e in decided] == ["requested", "approved"]
+
+
+def test_a_client_tool_ends_with_pending_tool_call_ids_and_its_tool_message_streams_the_continuation(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, CallsBesideAgent(("word_count", {"text": "one two three"})))
+    body = run_input(thread_id(), [user("where am I?")], tools=[LOCATION])
+
+    first = alice.post(body)
+
+    starts = {e["toolCallName"]: e["toolCallId"] for e in first.of("TOOL_CALL_START")}
+    assert set(starts) == {"word_count", "get_location"}
+    location = starts["get_location"]
+    # The server's call has its result; the client's has none (the client answers it).
+    assert [e["toolCallId"] for e in first.of("TOOL_CALL_RESULT")] == [starts["word_count"]]
+    assert first.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert first.last["outcome"] == {"type": "success", "pendingToolCallIds": [location]}
+    assert "result" not in first.last
+    run = alice.run(alice.only_conversation()["active_run_id"])
+    assert [c["call_id"] for c in run["pending_tool_calls"]] == [location]
+
+    answer = {"id": "client-tool-msg-1", "role": "tool", "toolCallId": location, "content": "Paris"}
+    second = alice.post(run_input(body["threadId"], [*first.snapshot, answer], tools=[LOCATION]))
+
+    opening = second.of("MESSAGES_SNAPSHOT")[0]["messages"]
+    assert second.kinds[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
+    assert opening == [*first.snapshot, answer]  # the client's tool message kept, under its id
+    assert second.of("TOOL_CALL_START") == [] and second.of("TOOL_CALL_RESULT") == []
+    assert tool_messages_sent(gated_llm, location) == ["Paris"]
+    assert second.last["type"] == "RUN_FINISHED" and second.last["result"]["run_id"] == run["run_id"]
+    assert [m for m in second.snapshot if m["role"] == "tool"][-1] == answer
+    assert alice.run(run["run_id"])["status"] == "completed"
