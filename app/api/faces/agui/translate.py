@@ -378,7 +378,9 @@ class Translator:
             # The answer the run ends with is not the text streamed (E-04's fallback), or none
             # streamed: it comes as a message of its own, the partial one gone from the snapshot.
             if self.fold.streamed:
-                out.append(await self.snapshot())
+                retract = await self.snapshot()
+                retract.messages = [m for m in retract.messages if m.id != answer.id]
+                out.append(retract)
             stamp = now_ms()
             out += self._open_step(ANSWER_STEP)
             out += [
