@@ -327,3 +327,32 @@ def test_a_chat_loaded_from_messages_is_asked_again_with_the_services_history(
     assert [m["role"] for m in result["messages"]] == ["user", "assistant", "user", "assistant"]
     conv = http.get(f"/api/conversations/{run_record(http, result['messages'][1]['id'])['conversation_id']}")
     assert [m["role"] for m in conv.json()["messages"]].count("user") == 2  # nothing stored twice
+
+
+def test_a_continuation_cut_after_an_approval_resumes_with_the_whole_message_of_both_responses(
+    service: ServerThread, gated_llm: FakeLLM, http: httpx.Client
+) -> None:
+    agent = play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*7"}, tokens=40, delay_s=0.03))
+    chat = chat_id()
+
+    result = drive(
+        service,
+        "approvalCut",
+        chat,
+        AGENT={"tools": ["calculator"], "require_approval": ["calculator"]},
+        CUT_AFTER=6,
+    )
+
+    assert result["cut"]["status"] == "error" and result["resumes"] >= 1
+    same_as_server(result)
+    message = assistant(result)
+    # The resume replayed the message from its start: the call and its approval, asked in the
+    # first response, are there, decided and run, and the answer once.
+    (tool,) = tool_parts(message)
+    assert (tool["state"], tool["approval"]["approved"], tool["output"]) == (
+        "output-available",
+        True,
+        "6*7 = 42",
+    )
+    assert [p["text"] for p in message["parts"] if p["type"] == "text"] == [agent.answer]
+    assert len(result["messages"]) == 2

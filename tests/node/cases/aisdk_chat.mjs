@@ -19,15 +19,18 @@ const text = env("TEXT", "what is 6*7?");
 const agent = JSON.parse(env("AGENT", "{}"));
 const json = (value) => JSON.parse(JSON.stringify(value));
 
-/** A fetch whose first POST body is cut after `cutAfter` frames, and that can move to another worker. */
-function cuttingFetch(cutAfter) {
+/**
+ * A fetch that cuts the body of its `cutPost`-th POST (1: the first) after `cutAfter` frames, and
+ * that can move to another worker.
+ */
+function cuttingFetch(cutAfter, cutPost = 1) {
   let target = base;
-  let cut = false;
+  let posts = 0;
   const fetcher = async (url, init) => {
     const moved = String(url).replace(base, target);
     const response = await fetch(moved, init);
-    if (cut || cutAfter === undefined || init?.method !== "POST" || !response.body) return response;
-    cut = true;
+    if (init?.method === "POST") posts += 1;
+    if (posts !== cutPost || init?.method !== "POST" || cutAfter === undefined || !response.body) return response;
     const reader = response.body.getReader();
     let frames = 0;
     const body = new ReadableStream({
@@ -170,6 +173,29 @@ const scenarios = {
       if (chat.lastMessage?.metadata?.status !== "completed") await new Promise((r) => setTimeout(r, 200));
     }
     return outcome(chat, errors, { cut, resumes, from: resumeBase });
+  },
+
+  /** An approval decided; the continuation's body is cut; resumeStream() must rebuild the whole message. */
+  async approvalCut() {
+    const fetcher = cuttingFetch(Number(env("CUT_AFTER")), 2);
+    const { chat, errors } = newChat({ fetch: fetcher });
+    await chat.sendMessage({ text });
+    await waitIdle(chat);
+    const part = chat.lastMessage.parts.find((p) => p.state === "approval-requested");
+    await chat.addToolApprovalResponse({ id: part.approval.id, approved: true });
+    const started = Date.now();
+    while (chat.status === "ready" && chat.lastMessage.metadata?.status === "waiting" && Date.now() - started < 10_000) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    await waitIdle(chat);
+    const cut = { status: chat.status, messages: json(chat.messages) };
+    let resumes = 0;
+    while (chat.lastMessage?.metadata?.status !== "completed" && Date.now() - started < 40_000) {
+      resumes += 1;
+      await chat.resumeStream();
+      await waitIdle(chat, 40_000);
+    }
+    return outcome(chat, errors, { cut, resumes });
   },
 
   /** A chat loaded from /messages, then asked again: the history the client sends is the server's. */
