@@ -33,6 +33,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_service_fixture,
 )
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
+from tests.support.fake_replies import FakeReply
 from tests.support.server import ServerThread, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -283,3 +284,16 @@ def test_the_face_takes_the_services_keys_like_every_route(service: ServerThread
         assert response.status_code == 401, response.text
         assert response.json()["error"]["code"] == "unauthorized"
     assert gated_llm.agent.requests == []
+
+
+def test_a_failed_run_ends_with_a_run_error(alice: AgUi, gated_llm: FakeLLM) -> None:
+    gated_llm.agent.inner = lambda body: FakeReply.error(503)  # type: ignore[assignment]
+
+    response = alice.post(run_input(thread_id(), [user("what is 6*7?")]))
+
+    error = response.last
+    assert error["type"] == "RUN_ERROR" and error["code"] == "run_failed"
+    run = alice.run(alice.only_conversation()["messages"][0]["run_id"])
+    assert run["status"] == "failed" and error["message"] == run["error"]
+    assert error["usage"][0]["totalTokens"] == run["usage"]["total_tokens"]
+    assert "RUN_FINISHED" not in response.kinds

@@ -282,3 +282,35 @@ def test_a_client_tool_ends_with_pending_tool_call_ids_and_its_tool_message_stre
     assert second.last["type"] == "RUN_FINISHED" and second.last["result"]["run_id"] == run["run_id"]
     assert [m for m in second.snapshot if m["role"] == "tool"][-1] == answer
     assert alice.run(run["run_id"])["status"] == "completed"
+
+
+def test_an_approval_and_a_client_call_parked_together_come_out_as_the_interrupt_first(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, CallsBesideAgent(("calculator", {"expression": "6*7"})))
+    body = run_input(
+        thread_id(), [user("compute, and where am I?")], tools=[LOCATION], forwardedProps=APPROVING
+    )
+
+    first = alice.post(body)
+
+    assert first.last["outcome"]["type"] == "interrupt"  # the outcome cannot carry the call too
+    starts = {e["toolCallName"]: e["toolCallId"] for e in first.of("TOOL_CALL_START")}
+    assert set(starts) == {"calculator", "get_location"}
+    approve = [{"interruptId": interrupt_id(first), "status": "resolved", "payload": {"approved": True}}]
+
+    second = alice.post(resumed(body, first, approve, tools=[LOCATION]))
+
+    # Decided; the run still waits for the client's tool, which this response names.
+    assert [d["status"] for d in second.custom("agentstream.approval")] == []
+    assert second.last["outcome"] == {"type": "success", "pendingToolCallIds": [starts["get_location"]]}
+    run = alice.run(alice.only_conversation()["active_run_id"])
+    assert run["pending_approvals"] == [] and len(run["pending_tool_calls"]) == 1
+    answer = {"id": "tm-1", "role": "tool", "toolCallId": starts["get_location"], "content": "Paris"}
+
+    third = alice.post(run_input(body["threadId"], [*second.snapshot, answer], tools=[LOCATION]))
+
+    assert [d["status"] for d in third.custom("agentstream.approval")] == ["approved"]
+    result = third.one("TOOL_CALL_RESULT")
+    assert (result["toolCallId"], result["content"]) == (starts["calculator"], "6*7 = 42")
+    assert third.last["type"] == "RUN_FINISHED" and alice.run(run["run_id"])["status"] == "completed"
