@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from app.auth import Authenticator
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.face_threads import FaceThreadRepo
@@ -30,7 +31,8 @@ class Services:
     tools: ToolRegistry
     manager: RunManager
     metrics: Metrics
-    owner_keys: dict[str, str]
+    auth: Authenticator
+    """Who calls: API keys and access tokens (app.auth)."""
     approvals: ApprovalRepo
     models: ModelRegistry
     redis: Any = None

@@ -37,9 +37,34 @@ class InvalidInputError(ServiceError):
 
 
 class UnauthorizedError(ServiceError):
+    """No credentials were sent (RFC 6750: the challenge then names no error)."""
+
     code = "unauthorized"
     status = 401
     headers = (("WWW-Authenticate", "Bearer"),)
+
+
+class InvalidTokenError(UnauthorizedError):
+    """Credentials were sent and refused: an API key that is none of ``API_KEYS``, or an access
+    token that fails a check (FACES.md J-03). ``reason`` is the label of the failures metric; the
+    message says why, for the developer, and never holds the token."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        # RFC 6750 3: error_description is printable ASCII without '"' and '\'.
+        description = "".join(c for c in message if " " <= c <= "~" and c not in '"\\')
+        self.headers = (
+            ("WWW-Authenticate", f'Bearer error="invalid_token", error_description="{description}"'),
+        )
+
+
+class SignInUnavailableError(ServiceError):
+    """An access token came before the identity provider's keys could be loaded (FACES.md J-01)."""
+
+    code = "sign_in_unavailable"
+    status = 503
+    headers = (("Retry-After", "5"),)
 
 
 class ShuttingDownError(ServiceError):

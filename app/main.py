@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app import __version__
+from app.api.cors import add_cors
 from app.api.errors import install_error_handlers
 from app.api.faces.agui import routes as ag_ui_face
 from app.api.faces.aisdk import routes as ai_sdk_face
@@ -35,6 +36,7 @@ from app.api.routes import (
     tools,
 )
 from app.api.routes import models as model_routes
+from app.auth import build_authenticator
 from app.container import Services
 from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
@@ -82,10 +84,8 @@ def _audit_logger() -> Any:
 
 
 async def build_services(settings: Settings) -> Services:
-    owner_keys = settings.owner_keys()
-    if not owner_keys:
-        log.warning("API_KEYS is unset: running in single-user mode (owner 'local'), no authentication")
     metrics = Metrics()
+    auth = build_authenticator(settings, metrics)
     # First: bad LLM_MODELS or OTEL_* settings stop the start before anything is opened.
     tracing = build_tracing(settings)
     models = build_models(
@@ -181,7 +181,7 @@ async def build_services(settings: Settings) -> Services:
         tools=registry,
         manager=manager,
         metrics=metrics,
-        owner_keys=owner_keys,
+        auth=auth,
         redis=redis_client,
         extras={"mcp": mcp_tools},
         models=models,
@@ -197,6 +197,7 @@ async def close_services(services: Services) -> None:
         log.warning("error while stopping the runs", exc_info=True)
     for closer in (
         services.extras["mcp"].aclose,
+        services.auth.aclose,
         services.bus.close,
         services.models.aclose,
         services.db.dispose,
@@ -223,6 +224,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services = await build_services(settings)
         app.state.services = services
         await services.manager.start()
+        services.auth.start()  # the provider's keys load in the background: it may be down
         # The cycle collector's full passes stop the event loop, every stream with it: under load
         # (200 streaming runs) they came every few seconds and took 150-250 ms, most of the
         # delivery p99. What start-up made (modules, routes, schemas, pools: most of the heap)
@@ -250,6 +252,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit)
     if tracing_on(settings):
         app.add_middleware(ServerSpans)
+    add_cors(app, settings)  # last, so outermost: refusals and 413s carry its headers too
     for module in (
         health,
         tools,

@@ -208,3 +208,16 @@ class Metrics:
             "Approvals waiting for a decision, across the service (read from the database)",
             registry=r,
         )
+        # Sign-in (FACES.md J-01..J-03).
+        self.auth_failures = Counter(
+            "agentstream_auth_failures_total",
+            "Requests refused for their credentials (401), or for keys not loaded yet (503), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.auth_key_fetches = Counter(
+            "agentstream_auth_key_fetches_total",
+            "Fetches of the identity provider's signing keys (JWKS), by outcome (ok, failed)",
+            ["outcome"],
+            registry=r,
+        )

@@ -6,15 +6,19 @@ CLI, never at import time.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.llm.models import ABILITY_NAMES
 from app.llm.providers import PROFILES
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/agentstream.db"
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+", re.IGNORECASE)
+"""What a browser sends as ``Origin``: a scheme and a host (and port), no path."""
 
 
 class Settings(BaseSettings):
@@ -41,6 +45,21 @@ class Settings(BaseSettings):
 
     # auth
     api_keys: SecretStr | None = None
+    auth_jwt_jwks_url: str | None = None
+    """The identity provider's JWK set; or ``AUTH_OIDC_ISSUER``, whose discovery document names it
+    (FACES.md J-01). Either turns on JWT access tokens beside ``API_KEYS``."""
+    auth_oidc_issuer: str | None = None
+    auth_jwt_issuer: str | None = None
+    """The tokens' ``iss``; unset: ``AUTH_OIDC_ISSUER``."""
+    auth_jwt_audience: str | None = None
+    """The tokens' ``aud`` must hold this (comma-separated: one of these)."""
+    auth_jwt_owner_claim: str = "sub"
+    auth_jwt_refetch_s: float = Field(default=30.0, ge=0, le=86400)
+    """The shortest time between two fetches of the keys that tokens with an unknown ``kid`` cause
+    (J-02: 30 s; not in API.md)."""
+    cors_allow_origins: str | None = None
+    """Origins whose pages may call the service (J-04): comma-separated, or ``*`` (then without
+    credentials)."""
 
     # engine
     react_max_iterations: int = Field(default=50, ge=1, le=1000)
@@ -116,6 +135,11 @@ class Settings(BaseSettings):
         "otel_exporter_otlp_traces_headers",
         "otel_service_name",
         "checkpoint_retention_s",
+        "auth_jwt_jwks_url",
+        "auth_oidc_issuer",
+        "auth_jwt_issuer",
+        "auth_jwt_audience",
+        "cors_allow_origins",
         mode="before",
     )
     @classmethod
@@ -136,6 +160,62 @@ class Settings(BaseSettings):
         if v is not None and v.strip().lower() not in PROFILES:
             raise ValueError(f"unknown provider {v!r}; one of: {', '.join(sorted(PROFILES))}")
         return v
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, v: str | None) -> str | None:
+        for origin in (v or "").split(","):
+            origin = origin.strip().rstrip("/")
+            if origin and origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"CORS_ALLOW_ORIGINS: {origin!r} is not an origin (scheme://host[:port], no path)"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _sign_in_complete(self) -> Settings:
+        """Access tokens are checked for issuer and audience (FACES.md J-02): a start without
+        them would take tokens the provider issued for any other API."""
+        provider = self.auth_jwt_jwks_url or self.auth_oidc_issuer
+        if not provider:
+            if self.auth_jwt_issuer or self.auth_jwt_audience:
+                raise ValueError(
+                    "AUTH_JWT_ISSUER and AUTH_JWT_AUDIENCE need AUTH_JWT_JWKS_URL or AUTH_OIDC_ISSUER"
+                )
+            return self
+        for name, url in (
+            ("AUTH_JWT_JWKS_URL", self.auth_jwt_jwks_url),
+            ("AUTH_OIDC_ISSUER", self.auth_oidc_issuer),
+        ):
+            if url is not None and not re.match(r"https?://[^/?#\s]+", url):
+                raise ValueError(f"{name} must be an http(s) URL")
+        if not self.jwt_issuer:
+            raise ValueError("access tokens need their issuer: set AUTH_JWT_ISSUER (or AUTH_OIDC_ISSUER)")
+        if not self.jwt_audiences():
+            raise ValueError(
+                "access tokens need their audience: set AUTH_JWT_AUDIENCE to this API's identifier "
+                "as the identity provider puts it in the tokens' aud"
+            )
+        if not self.auth_jwt_owner_claim.strip():
+            raise ValueError("AUTH_JWT_OWNER_CLAIM must name a claim")
+        return self
+
+    @property
+    def sign_in(self) -> bool:
+        """JWT access tokens from an identity provider are accepted (FACES.md J-01)."""
+        return bool(self.auth_jwt_jwks_url or self.auth_oidc_issuer)
+
+    @property
+    def jwt_issuer(self) -> str | None:
+        return self.auth_jwt_issuer or self.auth_oidc_issuer
+
+    def jwt_audiences(self) -> list[str]:
+        return [a.strip() for a in (self.auth_jwt_audience or "").split(",") if a.strip()]
+
+    def cors_origins(self) -> list[str]:
+        """``CORS_ALLOW_ORIGINS`` as origins a browser sends (no trailing ``/``); ``["*"]``: any."""
+        origins = [o.strip().rstrip("/") for o in (self.cors_allow_origins or "").split(",")]
+        return ["*"] if "*" in origins else [o for o in origins if o]
 
     @property
     def abilities(self) -> dict[str, bool]:

@@ -41,6 +41,10 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     if not services.manager.accepting:
         checks["worker"] = "shutting_down"
     down = [name for name, state in checks.items() if state != "ok"]
+    if services.auth.tokens is not None:
+        # Said, not counted as down: API keys, and tokens signed with cached keys, work without the
+        # provider, and every worker depends on the same one (README "Sign-in for browser apps").
+        checks["signing_keys"] = services.auth.tokens.keys.state
     # A full worker is ready: what it cannot start queues for any worker with room.
     capacity = _capacity(services, queued)
     if down:

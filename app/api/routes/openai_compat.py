@@ -98,7 +98,7 @@ def error_response(exc: ServiceError, param: str | None = None) -> JSONResponse:
     headers: dict[str, str] = {}
     status = exc.status
     if isinstance(exc, UnauthorizedError):
-        headers["WWW-Authenticate"] = "Bearer"
+        headers.update(exc.headers)  # WWW-Authenticate, with why a token was refused (J-03)
     elif isinstance(exc, InvalidInputError):
         status = 400  # OpenAI answers every request it cannot take with 400
     elif isinstance(exc, RunCancelledError):
@@ -201,7 +201,7 @@ class ChatCompletionOut(BaseModel):
     agentstream: dict[str, Any]
 
 
-_UNAUTHORIZED = "401 `invalid_api_key`: no API key, or not one of API_KEYS"
+_UNAUTHORIZED = "401 `invalid_api_key`: no API key or access token, or one that is refused"
 # One event of a streamed completion: a chunk, an error, or ``[DONE]``, as ``data`` alone.
 _CHUNK_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 

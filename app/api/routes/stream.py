@@ -25,6 +25,7 @@ router = APIRouter(tags=["stream"])
 log = logging.getLogger("app.api.stream")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ACCESS_TOKEN_CHARS = 16 * 1024
 # A client that stops reading for this long is dropped, so its buffers cannot grow without bound;
 # it reconnects with its cursor and loses nothing.
 SEND_TIMEOUT_S = 60.0
@@ -174,7 +175,10 @@ async def stream(
         Header(alias="Last-Event-ID", max_length=64),
         optional_parameter(64, CURSOR_PATTERN),
     ] = None,
-    access_token: Annotated[str | None, Query(max_length=512), optional_parameter(512)] = None,
+    # Access tokens run to 2,000 characters and more (FACES.md J-01: no cap below 8 KiB).
+    access_token: Annotated[
+        str | None, Query(max_length=ACCESS_TOKEN_CHARS), optional_parameter(ACCESS_TOKEN_CHARS)
+    ] = None,
 ) -> Response:
     del request, access_token  # read by StreamOwnerDep
     conv = await owned_conversation(services, owner, conversation_id)

@@ -1,0 +1,41 @@
+"""CORS (FACES.md J-04): a web app on another origin may call every route and face, streams included.
+
+Starlette's ``CORSMiddleware``, outermost, so that preflights are answered before any route (and
+without credentials: a browser sends none with them) and that refusals and errors carry its headers,
+which lets the app read why it was refused. With listed origins credentials are allowed (the origin
+is echoed, never ``*``); with ``*`` any origin may call, without credentials. Any request header is
+allowed: the requested ones are echoed (``Authorization``, ``Content-Type``, ``Last-Event-ID``, and
+what clients add, such as the OpenAI SDK's ``x-stainless-*`` or a tracer's ``traceparent``).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from app.settings import Settings
+
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+EXPOSED_HEADERS = (
+    "WWW-Authenticate",  # why a token was refused (J-03)
+    "Retry-After",
+    "x-should-retry",  # the OpenAI SDK reads it on /v1
+    "x-vercel-ai-ui-message-stream",  # the AI SDK face's stream marker
+)
+MAX_AGE_S = 600
+
+
+def add_cors(app: FastAPI, settings: Settings) -> None:
+    """Adds the middleware if ``CORS_ALLOW_ORIGINS`` names any origin (unset: no cross-origin access)."""
+    origins = settings.cors_origins()
+    if not origins:
+        return
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=origins,
+        allow_credentials=origins != ["*"],
+        allow_methods=METHODS,
+        allow_headers=["*"],
+        expose_headers=EXPOSED_HEADERS,
+        max_age=MAX_AGE_S,
+    )
