@@ -109,6 +109,16 @@ class AgUi:
         (conversation,) = self.conversations()
         return self.conversation(conversation["id"])
 
+    def parked_run(self) -> dict[str, Any]:
+        """The run of the caller's one conversation, once it is parked (a response ends at the
+        run's ``waiting`` event, which comes a moment before its row says ``waiting``)."""
+        run_id = self.only_conversation()["active_run_id"]
+        assert run_id is not None, "no run of the thread is active"
+        found: dict[str, Any] = wait_until(
+            lambda: (r := self.run(run_id))["status"] == "waiting" and r, timeout=5, what="the run to park"
+        )
+        return found
+
     def active_conversation(self) -> dict[str, Any]:
         """The caller's one conversation, once a run of it is active."""
         found: dict[str, Any] = wait_until(

@@ -132,6 +132,8 @@ class Translator:
         """The calls this response showed (or its first snapshot held): (iteration, name, args)."""
         self.resulted: set[str] = set()
         self.ended = False
+        self.unchanged = False
+        """Nothing happened since the continuation's first snapshot (a park needs no second one)."""
 
     # ---- the response's frame -------------------------------------------------------------------
 
@@ -162,9 +164,11 @@ class Translator:
     ) -> list[BaseEvent]:
         """The run waits (G-04): for people (the interrupt outcome: an approval and a client call
         parked together come out as the interrupt), else for the client's tools."""
-        out = await self._go_live() if not self.live else []
-        out += self._close()
-        out.append(await self.snapshot())
+        out = self._close()
+        if self.live and not self.unchanged:
+            out.append(await self.snapshot())
+        elif not self.live:  # a continuation that parks again at once: this snapshot is its first
+            out += await self._go_live()
         if approvals:
             interrupts = [interrupt_of(a) for a in approvals]
             out.append(self.finished(outcome=RunFinishedInterruptOutcome(interrupts=interrupts)))
@@ -187,6 +191,7 @@ class Translator:
             if is_waiting(event) and self.after & self._named(event):
                 return await self._go_live()
             return []
+        self.unchanged = False
         data = payload(event)
         if event.event == "phase" and data.get("phase") == "resumed":
             out = self._close()
@@ -216,6 +221,7 @@ class Translator:
     async def _go_live(self) -> list[BaseEvent]:
         """A continuation's start: the thread as the client held it, and what settled it."""
         self.live = True
+        self.unchanged = True
         for number, iteration in self.fold.iterations.items():
             for call in iteration.calls.values():
                 self.shown[call.call_id] = (number, call.name, call.arguments)
