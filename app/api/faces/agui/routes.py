@@ -112,7 +112,9 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
         return start.follow(view, active, after=plan.ids)
     if active is not None:
         if not approvals and not calls:
-            raise RunActiveConflict("a run of this thread is active; a new question waits for its end")
+            raise RunActiveConflict(
+                "a run of this thread is active and waits for nothing a request can bring"
+            )
         assert view is not None
         return start.waits(view, active, approvals, calls)
     if question is None:
