@@ -19,12 +19,14 @@ from app.db.repositories.rows import (
     _append_messages,
     _conversation_record,
     _conversations,
+    _insert_conversation,
     _lock_conversation,
     _messages_of,
     _move_head,
     _runs,
     decode_page_cursor,
     encode_page_cursor,
+    new_conversation,
     new_conversation_id,
     path_to,
 )
@@ -40,20 +42,9 @@ class ConversationRepo:
         self._sessionmaker = sessionmaker
 
     async def create(self, owner: str, title: str, agent_config: dict[str, Any]) -> ConversationRecord:
-        now = utcnow()
-        record = ConversationRecord(new_conversation_id(), owner, title, dict(agent_config), now, now)
+        record = new_conversation(owner, title, agent_config)
         async with self._sessionmaker.begin() as session:
-            await session.execute(
-                insert(_conversations),
-                {
-                    "id": record.id,
-                    "owner": owner,
-                    "title": title,
-                    "agent_config": agent_config,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
+            await _insert_conversation(session, record)
         return record
 
     async def get(self, owner: str, conversation_id: str) -> ConversationRecord | None:
@@ -154,9 +145,7 @@ class ConversationRepo:
             await _move_head(session, conversation_id, leaf, "any")
         return leaf
 
-    async def fork(
-        self, source: ConversationRecord, seq: int, title: str
-    ) -> ConversationRecord:
+    async def fork(self, source: ConversationRecord, seq: int, title: str) -> ConversationRecord:
         """A new conversation of the same owner and agent whose messages are copies of the path
         to message ``seq`` of ``source`` (FACES.md B-05); ``source`` does not change. The copies
         belong to no run of the new conversation (their ``run_id`` is None)."""

@@ -8,19 +8,21 @@ Two owners who pick the same id get two conversations.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Table, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import FaceThread, utcnow
+from app.db.models import FaceThread
 from app.db.repositories.rows import (
     ConversationRecord,
     _append_messages,
     _conversation_record,
     _conversations,
-    new_conversation_id,
+    _insert_conversation,
+    new_conversation,
 )
 from app.llm.base import ChatMessage
 
@@ -63,21 +65,11 @@ class FaceThreadRepo:
         found = await self.find(owner, face, client_id)
         if found is not None:
             return found, False
-        now = utcnow()
-        record = ConversationRecord(new_conversation_id(), owner, title, dict(agent_config), now, now)
+        record = new_conversation(owner, title, agent_config)
+        now = record.created_at
         try:
             async with self._sessionmaker.begin() as session:
-                await session.execute(
-                    insert(_conversations),
-                    {
-                        "id": record.id,
-                        "owner": owner,
-                        "title": title,
-                        "agent_config": agent_config,
-                        "created_at": now,
-                        "updated_at": now,
-                    },
-                )
+                await _insert_conversation(session, record)
                 await session.execute(
                     insert(_threads),
                     {
@@ -97,9 +89,7 @@ class FaceThreadRepo:
                         parent_seq=None,
                         client_ids=[client for _, client in history],
                     )
-                    record = ConversationRecord(
-                        record.id, owner, title, dict(agent_config), now, now, head_seq=head
-                    )
+                    record = replace(record, head_seq=head)
         except IntegrityError:
             raced = await self.find(owner, face, client_id)
             if raced is None:

@@ -198,6 +198,25 @@ def parse_message_id(public_id: str) -> int | None:
     return int(public_id[4:])
 
 
+def new_conversation(owner: str, title: str, agent_config: dict[str, Any]) -> ConversationRecord:
+    now = utcnow()
+    return ConversationRecord(new_conversation_id(), owner, title, dict(agent_config), now, now)
+
+
+async def _insert_conversation(session: AsyncSession, record: ConversationRecord) -> None:
+    await session.execute(
+        insert(_conversations),
+        {
+            "id": record.id,
+            "owner": record.owner,
+            "title": record.title,
+            "agent_config": record.agent_config,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+        },
+    )
+
+
 def _conversation_record(row: Any) -> ConversationRecord:
     """From an ORM object or a row of the table (the same names)."""
     return ConversationRecord(
