@@ -114,6 +114,14 @@ class IdentityProvider:
 
     # -- keys and tokens -------------------------------------------------------------------------
 
+    @property
+    def published(self) -> dict[str, SigningKey]:
+        """The keys the JWK set serves, by algorithm (the first of each)."""
+        out: dict[str, SigningKey] = {}
+        for key in self._published:
+            out.setdefault(key.alg, key)
+        return out
+
     def publish(self, *keys: SigningKey) -> None:
         """The JWK set serves these keys from now on (and no other)."""
         self._published = list(keys)
