@@ -1,11 +1,12 @@
 """CORS (FACES.md J-04): a web app on another origin may call every route and face, streams included.
 
-Starlette's ``CORSMiddleware``, outermost, so that preflights are answered before any route (and
-without credentials: a browser sends none with them) and that refusals and errors carry its headers,
-which lets the app read why it was refused. With listed origins credentials are allowed (the origin
-is echoed, never ``*``); with ``*`` any origin may call, without credentials. Any request header is
-allowed: the requested ones are echoed (``Authorization``, ``Content-Type``, ``Last-Event-ID``, and
-what clients add, such as the OpenAI SDK's ``x-stainless-*`` or a tracer's ``traceparent``).
+Starlette's ``CORSMiddleware``, outermost: preflights are answered before any route (a browser
+sends no credentials with them, so they must not meet authentication), and refusals (401, 413,
+404...) carry its headers too, which lets the app read why. With listed origins credentials
+are allowed (the origin is echoed, never ``*``); with ``*`` any origin may call, without
+credentials. Any request header is allowed: the requested ones are echoed (``Authorization``,
+``Content-Type``, ``Last-Event-ID``, and what clients add, such as the OpenAI SDK's
+``x-stainless-*`` or a tracer's ``traceparent``).
 """
 
 from __future__ import annotations

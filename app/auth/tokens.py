@@ -108,9 +108,11 @@ class TokenVerifier:
             raise InvalidTokenError("claims", f"the access token has no {exc.claim} claim") from None
         except jwt.InvalidSignatureError:
             raise InvalidTokenError("signature", "the access token's signature does not verify") from None
-        except jwt.PyJWTError:
+        except jwt.PyJWTError as exc:
             # A claim of the wrong type (exp not a number, say), or a token PyJWT cannot decode.
-            raise InvalidTokenError("claims", "the access token's claims are not valid") from None
+            raise InvalidTokenError(
+                "claims", f"the access token's claims are not valid{_detail(exc, token)}"
+            ) from None
         return claims
 
     def _wrong_audience(self) -> InvalidTokenError:
@@ -141,3 +143,11 @@ class TokenVerifier:
                 f"the access token's {self._owner_claim} is longer than {MAX_OWNER_CHARS} characters",
             )
         return value
+
+
+def _detail(exc: Exception, token: str) -> str:
+    """PyJWT's word on what is wrong (": Subject must be a string"), if short and free of the token."""
+    said = str(exc).strip()
+    if not said or len(said) > 100 or any(part in said for part in token.split(".") if len(part) >= 4):
+        return ""
+    return f": {said}"
