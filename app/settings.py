@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     auth_jwt_audience: str | None = None
     """The tokens' ``aud`` must hold this (comma-separated: one of these)."""
     auth_jwt_owner_claim: str = "sub"
-    auth_jwt_refetch_s: float = Field(default=30.0, ge=0, le=86400)
+    auth_jwt_refetch_s: float = Field(default=30.0, ge=1, le=86400)
     """The shortest time between two fetches of the keys that tokens with an unknown ``kid`` cause
     (J-02: 30 s; not in API.md)."""
     cors_allow_origins: str | None = None

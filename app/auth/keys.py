@@ -188,7 +188,7 @@ class SigningKeys:
             async with asyncio.timeout(2 * FETCH_TIMEOUT_S):
                 url = self._jwks_url or await self._discover()
                 keys = usable_keys(await self._get_json(url))
-        except (httpx.HTTPError, _FetchError, TimeoutError, ValueError) as exc:
+        except Exception as exc:  # whatever it was (a bad URL in the discovery document too): not loaded
             self._last_fetch_ok = False
             self._count("failed")
             log.warning(

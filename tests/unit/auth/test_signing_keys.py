@@ -30,13 +30,14 @@ class Provider:
         self.down = False
         self.release: asyncio.Event | None = None
         self.issuer = ISSUER
+        self.jwks_uri = JWKS_URL
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         self.attempts += 1
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/.well-known/openid-configuration":
-            return httpx.Response(200, json={"issuer": self.issuer, "jwks_uri": JWKS_URL})
+            return httpx.Response(200, json={"issuer": self.issuer, "jwks_uri": self.jwks_uri})
         self.fetches += 1
         if self.release is not None:
             await self.release.wait()
@@ -205,6 +206,15 @@ async def test_a_discovery_document_of_another_issuer_loads_nothing(
     assert not await keys._fetch()
     assert keys.state == "not_loaded"
     assert provider.fetches == 0
+
+
+async def test_a_discovery_document_naming_no_url_loads_nothing(
+    make_keys: Callable[..., SigningKeys], provider: Provider
+) -> None:
+    provider.jwks_uri = "http://[::1"  # httpx.InvalidURL, which is no httpx.HTTPError
+    keys = make_keys(jwks_url=None, oidc_issuer=ISSUER)
+    assert not await keys._fetch()
+    assert keys.state == "not_loaded"
 
 
 def test_only_public_signing_keys_of_the_pinned_algorithms_with_a_kid_are_taken() -> None:
