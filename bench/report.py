@@ -5,8 +5,8 @@ kept here as text: they were measured with these scripts before and after each c
 commit messages that carry them).
 
 The "Durable runs" section is made by bench/report_durable.py, the "Capacity (issue 17)" one by
-bench/report_capacity.py; the helpers (reading bench/out, formats, the plot) are in
-bench/report_common.py.
+bench/report_capacity.py, the "Protocol faces (issue 26)" one by bench/report_faces.py; the helpers
+(reading bench/out, formats, the plot) are in bench/report_common.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ if not __package__:  # run by path (bench/run: `bench/report.py`): the package f
 from bench.report_capacity import capacity_section, capacity_targets
 from bench.report_common import fmt, fold_summary, inproc, latency_row, load, machine, plot, verdict
 from bench.report_durable import durable_section, durable_targets
+from bench.report_faces import faces_section, faces_targets
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,6 +131,7 @@ def main() -> None:
     c_knee = load(out, "capacity_knee.json")
     c_burst = load(out, "capacity_burst.json")
     c_cluster = load(out, "capacity_cluster.json")
+    faces = load(out, "faces.json")
 
     def ratio(a: dict | None, b: dict | None, key: str) -> float | None:
         return a[key] / b[key] if a and b and b[key] else None
@@ -229,6 +231,7 @@ def main() -> None:
 
     targets += durable_targets(d_cost, d_resume)
     targets += capacity_targets(c_knee, c_burst, c_cluster)
+    targets += faces_targets(faces)
 
     table = ["| # | target | measured | |", "|---|---|---|---|"]
     table += [
@@ -439,6 +442,7 @@ def main() -> None:
 
     md.extend(durable_section(d_cost, d_resume))
     md.extend(capacity_section(c_knee, c_burst, c_cluster))
+    md.extend(faces_section(faces))
 
     md.append("## Optimisations made for these targets\n")
     md.append("| change | before | after |\n|---|---|---|")
@@ -498,6 +502,7 @@ def main() -> None:
         ".venv/bin/python -m bench.durable_bench checkpoints [--quick]   # baseline eaaa192 vs this tree\n"
         ".venv/bin/python -m bench.durable_bench resume [--quick]\n"
         ".venv/bin/python -m bench.capacity_bench knee|burst|cluster-throughput [--quick] [--out FILE]\n"
+        ".venv/bin/python -m bench.faces_bench [--quick] [--db postgres]   # faces against the own stream\n"
         ".venv/bin/python -m bench.tracing_bench [--quick] [--sides before off on capture spans]"
         "   # baseline 43354e2 vs this tree\n```\n"
     )
