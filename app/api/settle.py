@@ -4,11 +4,10 @@ decision or a result counts the same whichever way it came, from any worker."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any, Literal
-
-import orjson
 
 from app.container import Services
 from app.db.repositories.approvals import ApprovalClosedError, ApprovalRecord
@@ -21,12 +20,18 @@ audit_log = logging.getLogger("app.audit")
 log = logging.getLogger("app.api")
 
 
+def _compact_json(value: Any) -> bytes:
+    """``value`` as the database's JSON takes it: NaN and Infinity refused (ValueError)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def edited_args(services: Services, approval: ApprovalRecord, tool_args: Any) -> dict[str, Any]:
     """Arguments a person edited for an approved call, checked against the tool's parameters."""
     try:
-        # What runs must be storable as it is sent on: JSON that nests and weighs reasonably.
-        encoded = orjson.dumps(tool_args)
-    except (orjson.JSONEncodeError, TypeError) as exc:
+        # What runs must be storable as it is sent on: JSON (finite numbers) that nests and
+        # weighs reasonably.
+        encoded = _compact_json(tool_args)
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidInputError(f"tool_args cannot be used: {exc}") from None
     if len(encoded) > MAX_TOOL_ARGS_BYTES:
         raise InvalidInputError(f"tool_args are larger than {MAX_TOOL_ARGS_BYTES} bytes")
@@ -84,8 +89,9 @@ def call_output(output: Any = None, *, error: str | None = None, **extra: Any) -
     stored: dict[str, Any] = {"error": error} if error is not None else {"output": output}
     stored.update(extra)
     try:
-        size = len(orjson.dumps(stored))
-    except (orjson.JSONEncodeError, TypeError) as exc:
+        # What the database's JSON takes: no NaN or Infinity (orjson would write them as null).
+        size = len(_compact_json(stored))
+    except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidInputError(f"output cannot be stored: {exc}") from None
     if size > MAX_OUTPUT_BYTES:
         raise InvalidInputError(f"the result is larger than {MAX_OUTPUT_BYTES} bytes")

@@ -4,6 +4,7 @@ as far as the database holds it pending, and two owners' chats of one id are two
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import orjson
 import pytest
 
 from tests.integration.service.test_approvals import wait_status
+from tests.integration.service.test_client_tools import LOCATION, CallsBesideAgent
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
     FakeLLM,
@@ -22,7 +24,8 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_service_fixture,
 )
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
-from tests.support.server import ServerThread
+from tests.support.fake_replies import FakeReply
+from tests.support.server import ServerThread, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,6 +107,17 @@ def waiting_message(
     }
     message = {"id": chunks[0]["messageId"], "role": "assistant", "parts": [{"type": "step-start"}, part]}
     return message, chunks
+
+
+def parked(client: httpx.Client, run_id: str) -> dict[str, Any]:
+    """The run once its row says it waits (a response ends at the run's waiting event, a moment
+    before its park commits)."""
+    run: dict[str, Any] = wait_until(
+        lambda: (r := client.get(f"/api/runs/{run_id}").json())["status"] == "waiting" and r,
+        timeout=10,
+        what=f"run {run_id} to wait",
+    )
+    return run
 
 
 def responded(message: dict[str, Any], **approval: Any) -> dict[str, Any]:
@@ -212,10 +226,8 @@ def test_approvals_in_the_clients_history_count_only_when_the_database_holds_the
     assert bob.get("/api/ai-sdk/chat/shared/messages").json() == []
     assert bob.get("/api/ai-sdk/chat/shared/stream").status_code == 204
     assert bob.post("/api/ai-sdk/chat/shared/stop").status_code == 404
-    run = alice.get(f"/api/runs/{message['id']}").json()
-    assert run["status"] == "waiting" and [a["approval_id"] for a in run["pending_approvals"]] == [
-        approval_id
-    ]
+    run = parked(alice, message["id"])
+    assert [a["approval_id"] for a in run["pending_approvals"]] == [approval_id]
 
     # The real decision goes through, continues the same message, and a second one is a 409.
     body = {
@@ -252,3 +264,101 @@ def test_resume_is_204_when_nothing_streams_and_a_waiting_run_is_shown_by_messag
         "tool-input-available",
         "tool-approval-request",
     ]
+
+
+def test_a_continuation_with_an_output_that_cannot_be_stored_is_422_and_settles_nothing(
+    alice: httpx.Client, gated_llm: FakeLLM
+) -> None:
+    gated_llm.agent.inner = CallsBesideAgent(("calculator", {"expression": "6*7"}))
+    body = {
+        "id": "both",
+        "messages": [user("where and what?", "u1")],
+        "agent": {"tools": ["calculator"], "require_approval": ["calculator"], "client_tools": [LOCATION]},
+    }
+    chunks = chunks_of(post(alice, body))
+    run_id = chunks[0]["messageId"]
+    (request,) = [c for c in chunks if c["type"] == "tool-approval-request"]
+    inputs = {c["toolCallId"]: c for c in chunks if c["type"] == "tool-input-available"}
+    approval = {
+        "type": "dynamic-tool",
+        "toolName": "calculator",
+        "toolCallId": request["toolCallId"],
+        "state": "approval-responded",
+        "input": {"expression": "6*7"},
+        "approval": {"id": request["approvalId"], "approved": True},
+    }
+    location = next(c for c in inputs if c != request["toolCallId"])
+
+    def send(output: str) -> httpx.Response:
+        part = f'{{"type": "tool-get_location", "toolCallId": "{location}", "state": "output-available", '
+        part += f'"input": {{}}, "output": {output}}}'
+        message = f'{{"id": "{run_id}", "role": "assistant", "parts": [{json.dumps(approval)}, {part}]}}'
+        question = json.dumps(body["messages"][0])
+        content = f'{{"id": "both", "messageId": "{run_id}", "messages": [{question}, {message}]}}'
+        return alice.post("/api/ai-sdk/chat", content=content, headers={"content-type": "application/json"})
+
+    parked(alice, run_id)
+    for output in ("NaN", '{"big": "' + "x" * 300_000 + '"}', "[Infinity]"):
+        response = send(output)
+        assert response.status_code in (413, 422), response.text[:300]
+        run = alice.get(f"/api/runs/{run_id}").json()
+        # Neither the approval before the output nor the output was stored.
+        assert run["status"] == "waiting" and len(run["pending_approvals"]) == 1, run
+        assert len(run["pending_tool_calls"]) == 1, run
+
+
+class LocatesEachQuestion(EchoAgentBehaviour):
+    """Asks for get_location on every new question (the same call id each time), then answers."""
+
+    def loop_reply(self, body: dict[str, Any]) -> FakeReply:
+        messages = body.get("messages") or [{}]
+        if messages[-1].get("role") == "user" and body.get("tools"):
+            return FakeReply.tool_calls([("get_location", {"precision": "city"})])
+        return super().loop_reply(body)
+
+
+def test_each_run_shows_its_own_client_output_when_call_ids_repeat_across_runs(
+    alice: httpx.Client, gated_llm: FakeLLM
+) -> None:
+    gated_llm.agent.inner = LocatesEachQuestion()
+    for city in ("Paris", "Tokyo"):
+        history = alice.get("/api/ai-sdk/chat/trips/messages").json()
+        body = {
+            "id": "trips",
+            "messages": [*history, user(f"where am I now? {city}")],
+            "agent": {"client_tools": [LOCATION]},
+        }
+        chunks = chunks_of(post(alice, body))
+        (call,) = [c for c in chunks if c["type"] == "tool-input-available"]
+        waiting = alice.get("/api/ai-sdk/chat/trips/messages").json()
+        message = waiting[-1]
+        part = next(p for p in message["parts"] if p.get("toolCallId") == call["toolCallId"])
+        answered = {**part, "state": "output-available", "output": {"city": city}}
+        message["parts"] = [answered if p is part else p for p in message["parts"]]
+        continued = chunks_of(post(alice, {"id": "trips", "messages": [*waiting[:-1], message]}))
+        assert continued[-1]["finishReason"] == "stop"
+
+    loaded = alice.get("/api/ai-sdk/chat/trips/messages").json()
+    outputs = [p["output"] for m in loaded if m["role"] == "assistant" for p in m["parts"] if "output" in p]
+    assert outputs == [{"city": "Paris"}, {"city": "Tokyo"}]
+    ids = [p["toolCallId"] for m in loaded if m["role"] == "assistant" for p in m["parts"] if "output" in p]
+    assert ids[0] == ids[1]  # the model numbered its calls the same way in both runs
+
+
+def test_a_new_chat_whose_run_is_refused_leaves_no_conversation(
+    start_service: Callable[..., ServerThread], gated_llm: FakeLLM
+) -> None:
+    base = start_service(redis=False, api_keys=KEYS, max_active_runs=1, max_queued_runs=0).base_url
+    gated_llm.agent.inner = EchoAgentBehaviour()
+    gated_llm.agent.close_gate()
+    with httpx.Client(base_url=base, headers={"Authorization": "Bearer key-alice"}, timeout=10) as client:
+        busy = client.post("/api/conversations", json={}).json()["id"]
+        assert client.post(f"/api/conversations/{busy}/runs", json={"message": "hold"}).status_code == 202
+        before = state(client)
+
+        response = post(client, {"id": "refused", "messages": [user("hello")]})
+
+        assert response.status_code in (429, 503), response.text
+        assert state(client) == before
+        assert client.get("/api/ai-sdk/chat/refused/messages").json() == []
+        gated_llm.agent.gate.set()

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from app.api.faces.aisdk.chunks import Chunk, MessageChunks
-from app.api.faces.aisdk.fold import MessageFold, fold
+from app.api.faces.aisdk.continuation import ResponseChunks
+from app.api.faces.aisdk.fold import fold
 from app.streaming.bus import StoredEvent
 from tests.support.node import run_node
 
@@ -276,25 +277,96 @@ def test_a_denied_call_is_output_denied_with_its_reason_and_no_output() -> None:
     }
 
 
+def responses(
+    events: list[StoredEvent], until: int, settled: set[str], *, closed: bool = True
+) -> list[Chunk]:
+    """What a client reads in two responses: the first up to event ``until`` (closed where the run
+    parked, or cut), then the continuation that settled ``settled``, given every event of the run."""
+
+    async def go() -> list[Chunk]:
+        first = ResponseChunks(MessageChunks(RUN))
+        out = first.opening()
+        for event in events[: until + 1]:
+            out += await first.event(event)
+        out += first.closing() if closed else []
+        second = ResponseChunks(MessageChunks(RUN), frozenset(settled))
+        out += second.opening()
+        for event in events:
+            out += await second.event(event)
+        return out + second.closing()
+
+    return asyncio.run(go())
+
+
 def test_a_continuation_after_a_park_ends_with_the_message_a_whole_replay_gives() -> None:
     """What a useChat client holds after two responses (the one that parked, then the one that
     continued the same message) equals one fold of the whole run."""
     denied = next(log for name, log, _ in CASES if name == "denied")
     waiting_at = next(i for i, e in enumerate(denied.events) if '"waiting"' in e.data)
 
-    async def two_responses() -> dict[str, Any]:
-        translator = MessageChunks(RUN)
-        client = MessageFold()
-        client.feed(translator.start())
-        for event in denied.events[: waiting_at + 1]:
-            client.feed(await translator.event(event))
-        client.feed(translator.park())
-        client.feed(translator.start())
-        for event in denied.events[waiting_at + 1 :]:
-            client.feed(await translator.event(event))
-        return client.message
+    client = fold(responses(denied.events, waiting_at, {"apr_1", "c1"}))
 
-    assert asyncio.run(two_responses()) == fold(chunks_of(denied.events))
+    assert client == fold(chunks_of(denied.events))
+    assert texts(client) == ["Not done."]
+
+
+def test_a_continuation_whose_waiting_never_came_takes_over_at_the_next_attempt() -> None:
+    """The worker died after asking for the approval, before it said the run waits; the decision
+    came, and the next attempt went on with it: the continuation must not stay silent."""
+    log = Log()
+    started = log.add("step", type="thinking", status="start", iteration=1)
+    asked = log.add(
+        "approval",
+        status="requested",
+        approval_id="apr_1",
+        call_id="c1",
+        tool_name="rm",
+        tool_args={"p": "/"},
+        iteration=1,
+        expires_at="2030-01-01T00:00:00Z",
+    )
+    log.add("phase", phase="resumed", attempt=2, after=started)
+    log.add(
+        "approval",
+        status="requested",
+        approval_id="apr_1",
+        call_id="c1",
+        tool_name="rm",
+        tool_args={"p": "/"},
+        iteration=1,
+        expires_at="2030-01-01T00:00:00Z",
+    )
+    log.add("approval", status="approved", approval_id="apr_1", reason=None, tool_args={"p": "/"})
+    log.add(
+        "step",
+        type="iteration",
+        status="start",
+        iteration=1,
+        tool_name="rm",
+        tool_args={"p": "/"},
+        call_id="c1",
+    )
+    log.add(
+        "step",
+        type="iteration",
+        status="done",
+        iteration=1,
+        tool_name="rm",
+        observation="gone",
+        error=None,
+        iter_elapsed=0,
+        call_id="c1",
+    )
+    log.answer("Removed.")
+    log.done(answer="Removed.")
+    cut_at = next(i for i, e in enumerate(log.events) if e.id == asked)
+
+    client = fold(responses(log.events, cut_at, {"apr_1", "c1"}, closed=False))
+
+    assert client == fold(chunks_of(log.events))
+    (part,) = [p for p in client["parts"] if p["type"] == "dynamic-tool"]
+    assert (part["state"], part["output"]) == ("output-available", "gone")
+    assert texts(client) == ["Removed."] and client["metadata"]["status"] == "completed"
 
 
 @pytest.mark.slow

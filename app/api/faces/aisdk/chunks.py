@@ -84,7 +84,7 @@ class MessageChunks:
 
     def park(self) -> list[Chunk]:
         """The run stopped to wait for a person or the client: this response ends here."""
-        out = self._close_parts()
+        out = self._close_text()
         if self._s.step_open:
             out.append({"type": "finish-step"})
             self._s.step_open = False
@@ -120,7 +120,7 @@ class MessageChunks:
         s = self._s
         if s.step_open and s.step_parts == 0:
             return []  # the open step has nothing yet: it is this one
-        out = self._close_parts()
+        out = self._close_text()
         if s.step_open:
             out.append({"type": "finish-step"})
         out.append({"type": "start-step"})
@@ -271,13 +271,10 @@ class MessageChunks:
         s.text = None
         return closed
 
-    def _close_parts(self) -> list[Chunk]:
-        return self._close_text()
-
     def _done(self, data: dict[str, Any]) -> list[Chunk]:
         s = self._s
         status = data.get("status")
-        out = self._close_parts()
+        out = self._close_text()
         answer = data.get("answer") or ""
         if status == "completed" and answer != "".join(s.answer):
             # E-04: synthesis failed mid-stream, and the fallback answer stands in for the partial

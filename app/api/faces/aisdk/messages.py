@@ -19,17 +19,23 @@ from app.db.repositories import ConversationRecord, MessageRecord, RunRecord
 from app.db.repositories.rows import path_to
 
 
-def client_outputs(services: Services, conversation_id: str) -> ClientOutput:
+def client_outputs(services: Services, run_id: str) -> ClientOutput:
+    """The results of ``run``'s client calls (call ids are unique within a run only), read once,
+    and again for a call not answered at the last read."""
+    outputs: dict[str, dict[str, Any] | None] = {}
+
     async def output(call_id: str) -> dict[str, Any] | None:
-        call = await services.approvals.client_call(conversation_id, call_id)
-        return call.output if call is not None else None
+        if outputs.get(call_id) is None:
+            calls = await services.approvals.of_run(run_id)
+            outputs.update((c.call_id, c.output) for c in calls if c.kind == "client")
+        return outputs.get(call_id)
 
     return output
 
 
 async def run_message(services: Services, run: RunRecord) -> dict[str, Any]:
     """The assistant message of ``run`` as its stored events make it."""
-    chunks = MessageChunks(run.id, client_outputs(services, run.conversation_id))
+    chunks = MessageChunks(run.id, client_outputs(services, run.id))
     fold = MessageFold()
     fold.feed(chunks.start())
     events = await services.events.for_run(run.id)

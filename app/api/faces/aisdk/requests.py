@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.api.routes.conversations import checked_agent
-from app.api.schemas import AgentSpec
+from app.api.routes.stream import title_from
+from app.api.schemas import MAX_MESSAGE_CHARS, AgentSpec, _no_nul
 from app.api.settle import answer_call, call_output, decide_approval
 from app.container import Services
 from app.db.repositories import ConversationRecord, MessageRecord, RunRecord
@@ -32,11 +33,13 @@ from app.llm.base import ChatMessage
 
 FACE = "ai-sdk"
 LOOSE = ConfigDict(extra="allow")
+MAX_REASON_CHARS = 2000
 
 
-def _no_nul(value: str) -> str:
+def _refuse_nul(value: str) -> str:
+    """Text checked after validation: NUL is refused everywhere (422, not a database error)."""
     if "\x00" in value:
-        raise ValueError("must not contain NUL")
+        raise InvalidInputError("text must not contain NUL characters")
     return value
 
 
@@ -85,12 +88,13 @@ class GoesOn:
     """The approval ids and call ids it settled."""
 
 
-async def chat_of(services: Services, owner: str, body: ChatIn) -> ConversationRecord:
+async def chat_of(services: Services, owner: str, body: ChatIn) -> tuple[ConversationRecord, bool]:
     """The chat's conversation, created at first use with the text of the messages before the
-    last one as its history (V-02). A request a new chat cannot take creates nothing."""
+    last one as its history (V-02); and whether this request created it. A request a new chat
+    cannot take creates nothing."""
     found = await services.threads.find(owner, FACE, body.id)
     if found is not None:
-        return found
+        return found, False
     last = body.messages[-1]
     if body.trigger == "regenerate-message" or last.role == "assistant":
         raise NotFoundError("this chat has no message to answer again or to continue")
@@ -102,15 +106,9 @@ async def chat_of(services: Services, owner: str, body: ChatIn) -> ConversationR
         if m.role in ("user", "assistant") and m.text()
     ]
     title = next((m.text() for m in body.messages if m.role == "user" and m.text()), "Chat")
-    conv, _ = await services.threads.open(
-        owner, FACE, body.id, title=_title(title), agent_config=agent, history=earlier
+    return await services.threads.open(
+        owner, FACE, body.id, title=title_from(title), agent_config=agent, history=earlier
     )
-    return conv
-
-
-def _title(text: str) -> str:
-    line = next((ln for ln in text.splitlines() if ln.strip()), "Chat")
-    return " ".join(line.split())[:80] or "Chat"
 
 
 def _by_client_id(records: list[MessageRecord], client_id: str, head_path: set[int]) -> MessageRecord | None:
@@ -150,7 +148,9 @@ def _question_text(last: UIMessageIn) -> str:
     text = last.text()
     if not text.strip():
         raise InvalidInputError("the last user message has no text")
-    return text
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidInputError(f"the question is longer than {MAX_MESSAGE_CHARS} characters")
+    return _refuse_nul(text)
 
 
 def _path_seqs(records: list[MessageRecord], head: int | None) -> set[int]:
@@ -198,73 +198,86 @@ def _answer_again(records: list[MessageRecord], seq: int) -> NewRun:
     return NewRun(question.content or "", Placement(question_seq=seq))
 
 
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    approval: ApprovalRecord
+    approved: bool
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    call: ApprovalRecord
+    output: dict[str, Any]
+
+
 async def _continuation(
     services: Services, owner: str, conv: ConversationRecord, last: UIMessageIn
 ) -> GoesOn:
     """The assistant message of a waiting run comes back with decisions and tool outputs (V-03):
-    those that match what the run holds as pending settle it; nothing else is read."""
+    those that match what the run holds as pending settle it; nothing else is read. Everything is
+    checked before anything is stored: a request refused stores nothing."""
     run = await services.runs.get(owner, last.id)
     if run is None or run.conversation_id != conv.id:
         raise NotFoundError("no run of this chat has that message id")
     approvals = {a.id: a for a in await services.approvals.pending(run_ids=[run.id])}
     calls = {c.call_id: c for c in await services.approvals.pending(run_ids=[run.id], kind="client")}
+    plan = [step for part in last.parts if (step := _planned(part, approvals, calls)) is not None]
     settled: set[str] = set()
-    closed = 0
-    for part in last.parts:
+    for step in plan:
         try:
-            if await _settle(services, owner, part, approvals, calls):
-                settled.add(str(part.get("toolCallId")))
-                approval = part.get("approval")
-                if isinstance(approval, dict) and isinstance(approval.get("id"), str):
-                    settled.add(approval["id"])
+            if isinstance(step, _Decision):
+                status: Literal["approved", "denied"] = "approved" if step.approved else "denied"
+                record = step.approval
+                await decide_approval(
+                    services,
+                    record,
+                    status=status,
+                    reason=step.reason,
+                    args=record.tool_args,
+                    decided_by=owner,
+                )
+                settled.add(record.id)
+            else:
+                record = step.call
+                await answer_call(services, record, step.output)
+            settled.add(record.call_id)
         except (ApprovalClosedConflict, CallClosedConflict):
-            closed += 1  # decided or answered by someone else meanwhile: the first one stands
+            pass  # decided or answered by someone else meanwhile: the first one stands
     if not settled:
         # Answered with no progress, useChat would send the same request again at once, in a loop.
         raise CallClosedConflict(
             "nothing in that message settles what the run waits for: it was decided, answered, "
             "timed out or closed before"
-            if closed or run.status != "waiting"
-            else "nothing in that message settles what the run waits for"
         )
     return GoesOn(run, frozenset(settled))
 
 
-async def _settle(
-    services: Services,
-    owner: str,
-    part: dict[str, Any],
-    approvals: dict[str, ApprovalRecord],
-    calls: dict[str, ApprovalRecord],
-) -> bool:
+def _planned(
+    part: dict[str, Any], approvals: dict[str, ApprovalRecord], calls: dict[str, ApprovalRecord]
+) -> _Decision | _Result | None:
+    """What a part of the message settles, if the run holds it as pending; 422 if it cannot be
+    used (an output that cannot be stored, a reason too long)."""
     state = part.get("state")
     approval = part.get("approval")
     if state in ("approval-responded", "output-denied") and isinstance(approval, dict):
         pending = approvals.get(str(approval.get("id")))
-        if (
-            pending is None
-            or pending.call_id != part.get("toolCallId")
-            or not isinstance(approval.get("approved"), bool)
-        ):
-            return False
+        approved = approval.get("approved")
+        if pending is None or pending.call_id != part.get("toolCallId") or not isinstance(approved, bool):
+            return None
         reason = approval.get("reason")
-        await decide_approval(
-            services,
-            pending,
-            status="approved" if approval["approved"] else "denied",
-            reason=reason if isinstance(reason, str) and reason else None,
-            args=pending.tool_args,
-            decided_by=owner,
+        if isinstance(reason, str) and len(reason) > MAX_REASON_CHARS:
+            raise InvalidInputError(f"an approval's reason is longer than {MAX_REASON_CHARS} characters")
+        return _Decision(
+            pending, approved, _refuse_nul(reason) if isinstance(reason, str) and reason else None
         )
-        return True
     if state in ("output-available", "output-error"):
         call = calls.get(str(part.get("toolCallId")))
         if call is None:
-            return False
+            return None
         if state == "output-error":
-            output = call_output(error=str(part.get("errorText") or "the tool failed"))
-        else:
-            output = call_output(part.get("output"))
-        await answer_call(services, call, output)
-        return True
-    return False
+            return _Result(
+                call, call_output(error=_refuse_nul(str(part.get("errorText") or "the tool failed")))
+            )
+        return _Result(call, call_output(part.get("output")))
+    return None

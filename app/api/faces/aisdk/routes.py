@@ -18,14 +18,15 @@ from fastapi import APIRouter, Response, status
 
 from app.api.deps import OwnerDep, ServicesDep
 from app.api.faces.aisdk.chunks import MessageChunks
+from app.api.faces.aisdk.continuation import ResponseChunks
 from app.api.faces.aisdk.messages import client_outputs, ui_messages
 from app.api.faces.aisdk.requests import FACE, ChatIn, ClientId, GoesOn, chat_of, meaning
-from app.api.faces.follow import face_stream, follow_run, frame, is_waiting, payload
+from app.api.faces.follow import face_stream, follow_run, frame
 from app.api.schemas import Accepted, error_responses
 from app.api.sse_response import EventStream
 from app.container import Services
 from app.db.repositories import RunRecord
-from app.errors import NotFoundError
+from app.errors import NotFoundError, ServiceError
 
 router = APIRouter(tags=["ai-sdk"])
 
@@ -39,39 +40,19 @@ UI_STREAM = {
 
 
 async def _message(
-    services: Services, run: RunRecord, *, after_waiting: frozenset[str] = frozenset()
+    services: Services, run: RunRecord, *, settled: frozenset[str] = frozenset()
 ) -> AsyncIterator[bytes]:
     """The run's message as chunks: from its ``start`` (a new run, a resume), or, for a
-    continuation, what comes after the ``waiting`` that named what ``after_waiting`` settled."""
-    chunks = MessageChunks(run.id, client_outputs(services, run.conversation_id))
-    quiet = bool(after_waiting)
-    if not quiet:
-        for chunk in chunks.start():
-            yield frame(chunk)
-    last_waiting = False
+    continuation that ``settled`` approvals and calls, from where the earlier response ended."""
+    response = ResponseChunks(MessageChunks(run.id, client_outputs(services, run.id)), settled)
+    for chunk in response.opening():
+        yield frame(chunk)
     async for event in follow_run(services, run):
-        out = await chunks.event(event)
-        last_waiting = is_waiting(event)
-        if quiet:
-            if last_waiting and after_waiting & _named(payload(event)):
-                quiet = False
-                chunks.park()  # where the earlier response ended
-                for chunk in chunks.start():
-                    yield frame(chunk)
-            continue
-        for chunk in out:
+        for chunk in await response.event(event):
             yield frame(chunk)
-    if quiet:  # the run ended or waits again before the waiting that was settled: say where it is
-        for chunk in chunks.start():
-            yield frame(chunk)
-    if last_waiting:
-        for chunk in chunks.park():
-            yield frame(chunk)
+    for chunk in response.closing():
+        yield frame(chunk)
     yield DONE
-
-
-def _named(waiting: dict[str, Any]) -> set[str]:
-    return {*waiting.get("approval_ids", ()), *waiting.get("call_ids", ())}
 
 
 def _stream(services: Services, body: AsyncIterator[bytes]) -> EventStream:
@@ -88,11 +69,16 @@ def _stream(services: Services, body: AsyncIterator[bytes]) -> EventStream:
     response_class=EventStream,
 )
 async def chat(body: ChatIn, services: ServicesDep, owner: OwnerDep) -> EventStream:
-    conv = await chat_of(services, owner, body)
+    conv, created = await chat_of(services, owner, body)
     meant = await meaning(services, owner, conv, body)
     if isinstance(meant, GoesOn):
-        return _stream(services, _message(services, meant.run, after_waiting=meant.settled))
-    run = await services.manager.start_run(conv, meant.text, placement=meant.placement)
+        return _stream(services, _message(services, meant.run, settled=meant.settled))
+    try:
+        run = await services.manager.start_run(conv, meant.text, placement=meant.placement)
+    except ServiceError:
+        if created:  # refused (the queue is full, the worker stops): the new chat goes too
+            await services.conversations.delete(owner, conv.id)
+        raise
     return _stream(services, _message(services, run))
 
 
