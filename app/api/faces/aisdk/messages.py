@@ -9,13 +9,14 @@ text messages. Follow-ups a run took show inside its message (``data-agentstream
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from app.api.faces.aisdk.chunks import ClientOutput, MessageChunks
 from app.api.faces.aisdk.fold import MessageFold
 from app.api.faces.follow import is_waiting
 from app.container import Services
-from app.db.repositories import ConversationRecord, MessageRecord, RunRecord
+from app.db.repositories import FINAL_STATUSES, ConversationRecord, MessageRecord, RunRecord
 from app.db.repositories.rows import path_to
 
 
@@ -33,8 +34,26 @@ def client_outputs(services: Services, run_id: str) -> ClientOutput:
     return output
 
 
+_FINISHED: OrderedDict[str, dict[str, Any]] = OrderedDict()
+"""The messages of finished runs, which never change again (the most recently used ones)."""
+FINISHED_KEPT = 512
+
+
 async def run_message(services: Services, run: RunRecord) -> dict[str, Any]:
     """The assistant message of ``run`` as its stored events make it."""
+    kept = _FINISHED.get(run.id)
+    if kept is not None:
+        _FINISHED.move_to_end(run.id)
+        return kept
+    message = await _folded(services, run)
+    if run.status in FINAL_STATUSES and message.get("metadata", {}).get("status") == run.status:
+        _FINISHED[run.id] = message  # its done is folded in: nothing of it can change any more
+        while len(_FINISHED) > FINISHED_KEPT:
+            _FINISHED.popitem(last=False)
+    return message
+
+
+async def _folded(services: Services, run: RunRecord) -> dict[str, Any]:
     chunks = MessageChunks(run.id, client_outputs(services, run.id))
     fold = MessageFold()
     fold.feed(chunks.start())
