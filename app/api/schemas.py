@@ -65,6 +65,7 @@ def _finite(value: Any) -> Any:
 
 
 FiniteJson = Annotated[Any, AfterValidator(_finite)]
+no_nul = _no_nul  # public: the protocol faces' request models check their text with it too
 
 
 def _not_blank(value: str) -> str:

@@ -19,14 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic.alias_generators import to_camel
 
-from app.api.schemas import CLIENT_TOOL_NAME_PATTERN, NO_NUL_PATTERN, FiniteJson
-
-
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("text must not contain NUL characters")
-    return value
-
+from app.api.schemas import CLIENT_TOOL_NAME_PATTERN, NO_NUL_PATTERN, FiniteJson, no_nul
 
 MAX_ID_CHARS = 200
 """Ids are stored (threads, messages' client ids): PostgreSQL's column holds this many."""
@@ -34,9 +27,9 @@ MAX_ID_CHARS = 200
 ClientId = Annotated[
     str,
     Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra={"pattern": NO_NUL_PATTERN}),
-    AfterValidator(_no_nul),
+    AfterValidator(no_nul),
 ]
-Text = Annotated[str, Field(json_schema_extra={"pattern": NO_NUL_PATTERN}), AfterValidator(_no_nul)]
+Text = Annotated[str, Field(json_schema_extra={"pattern": NO_NUL_PATTERN}), AfterValidator(no_nul)]
 Part = dict[str, Any]
 """A content part: only ``{"type": "text", "text"}`` is read; images and the rest are ignored."""
 

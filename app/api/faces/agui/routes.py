@@ -109,7 +109,7 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
     if plan:
         assert active is not None and view is not None  # only a run's pending records settle
         await settle(services, plan, owner)
-        return start.follow(view, active, after=plan.ids)
+        return start.follow(view, active, settled=plan.ids)
     if active is not None:
         if not approvals and not calls:
             raise RunActiveConflict(
@@ -208,14 +208,15 @@ class _Response:
         return self._stream(events())
 
     def follow(
-        self, view: ThreadView, run: RunRecord, after: Sequence[str] | set[str] = ()
+        self, view: ThreadView, run: RunRecord, settled: Sequence[str] | set[str] = ()
     ) -> EventSourceResponse:
-        """The run's events from its start; a continuation (``after``) speaks from its park on."""
+        """The run's events from its start; a continuation (``settled``: the ids it settled)
+        speaks from its park on."""
         services = self.services
 
         async def events() -> AsyncIterator[BaseEvent]:
-            held = client_results(await services.approvals.of_run(run.id)) if after else {}
-            translator = self._translator(view, RunFold(run.id), after=sorted(after), held=sorted(held))
+            held = client_results(await services.approvals.of_run(run.id)) if settled else {}
+            translator = self._translator(view, RunFold(run.id), settled=sorted(settled), held=sorted(held))
             yield translator.started()
             last = None
             try:

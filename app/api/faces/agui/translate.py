@@ -4,7 +4,7 @@
 step, the answer's text message), which calls this response has shown, and the run's ``RunFold``
 (app.api.faces.agui.snapshot), whose ids every event uses. It reads the database for one thing
 only, the whole-thread ``MESSAGES_SNAPSHOT``. A response that continues a parked run folds the
-events before the park in silence (``after``: the ids it settled) and starts speaking at the
+events before the park in silence (``settled``: the ids it settled) and starts speaking at the
 ``waiting`` event that names them, with a snapshot, so that a result for a call of an earlier
 response names a call the client knows.
 """
@@ -112,10 +112,10 @@ class Translator:
         run_id: str,
         protocol_1: bool,
         fold: RunFold,
-        after: Collection[str] = (),
+        settled: Collection[str] = (),
         held: Collection[str] = (),
     ) -> None:
-        """``after``: approval and call ids this request settled (a continuation starts at the
+        """``settled``: approval and call ids this request settled (a continuation starts at the
         ``waiting`` event naming one); ``held``: client calls whose result the client holds as its
         own tool message (it gets no ``TOOL_CALL_RESULT`` for them)."""
         self.thread = thread
@@ -123,8 +123,8 @@ class Translator:
         self.run_id = run_id
         self.protocol_1 = protocol_1
         self.fold = fold
-        self.after = frozenset(after)
-        self.live = not self.after
+        self.settled = frozenset(settled)
+        self.live = not self.settled
         self.held = set(held)
         self.step: str | None = None
         self.text: str | None = None
@@ -188,7 +188,7 @@ class Translator:
             if event.is_done:
                 return [*(await self._go_live()), *(await self.feed(event))]
             self.fold.apply(event)
-            if is_waiting(event) and self.after & self._named(event):
+            if is_waiting(event) and self.settled & self._named(event):
                 return await self._go_live()
             return []
         self.unchanged = False
