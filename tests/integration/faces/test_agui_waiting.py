@@ -28,14 +28,21 @@ from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
     user,
 )
 from tests.integration.service.test_approvals import TwoToolsAgent
-from tests.integration.service.test_client_tools import LOCATION, CallsBesideAgent, tool_messages_sent
+from tests.integration.service.test_client_tools import (
+    ARGS,
+    CALL_ID,
+    LOCATION,
+    CallsBesideAgent,
+    tool_messages_sent,
+)
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     FakeLLM,
     gated_llm_fixture,
     redis_prefix_fixture,
     start_service_fixture,
 )
-from tests.support.fake_agents import ToolAgentBehaviour
+from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
+from tests.support.fake_replies import FakeReply
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -310,3 +317,79 @@ def test_an_approval_and_a_client_call_parked_together_come_out_as_the_interrupt
     result = third.one("TOOL_CALL_RESULT")
     assert (result["toolCallId"], result["content"]) == (starts["calculator"], "6*7 = 42")
     assert third.last["type"] == "RUN_FINISHED" and alice.run(run["run_id"])["status"] == "completed"
+
+
+class LocatesEveryQuestion(EchoAgentBehaviour):
+    """Calls get_location first in every run, then answers. The provider numbers a reply's calls
+    from 0, so every run's call is ``call_0_get_location``: call ids are unique within a run only."""
+
+    def loop_reply(self, body: dict[str, Any]) -> FakeReply:
+        messages = body.get("messages") or []
+        if body.get("tools") and messages and messages[-1].get("role") == "user":
+            return FakeReply.tool_calls([("get_location", ARGS)])
+        return super().loop_reply(body)
+
+
+def test_a_tool_message_of_an_earlier_run_is_no_result_for_a_new_call_of_the_same_id(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, LocatesEveryQuestion())
+    thread = thread_id()
+    first = alice.post(run_input(thread, [user("where am I?")], tools=[LOCATION]))
+    assert first.last["outcome"] == {"type": "success", "pendingToolCallIds": [CALL_ID]}
+    paris = {"id": "tm-paris", "role": "tool", "toolCallId": CALL_ID, "content": "Paris"}
+    second = alice.post(run_input(thread, [*first.snapshot, paris], tools=[LOCATION]))
+    assert second.last["type"] == "RUN_FINISHED" and "result" in second.last
+    third = alice.post(run_input(thread, [*second.snapshot, user("and now?")], tools=[LOCATION]))
+    assert third.last["outcome"] == {"type": "success", "pendingToolCallIds": [CALL_ID]}
+    run = alice.parked_run()
+    assert run["run_id"] != second.last["result"]["run_id"]
+    asked_model = len(gated_llm.agent.requests)
+
+    # The client sends its history again with no new tool message: run 1's "Paris" answers nothing.
+    again = alice.post(run_input(thread, third.snapshot, tools=[LOCATION]))
+
+    assert again.kinds == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert again.last["outcome"] == third.last["outcome"] and again.snapshot == third.snapshot
+    parked = alice.parked_run()
+    assert [c["call_id"] for c in parked["pending_tool_calls"]] == [CALL_ID]
+    assert len(gated_llm.agent.requests) == asked_model  # the run did not go on
+
+    lyon = {"id": "tm-lyon", "role": "tool", "toolCallId": CALL_ID, "content": "Lyon"}
+    fourth = alice.post(run_input(thread, [*third.snapshot, lyon], tools=[LOCATION]))
+
+    assert fourth.last["type"] == "RUN_FINISHED" and fourth.last["result"]["run_id"] == run["run_id"]
+    loop = [b for b in gated_llm.agent.requests if not b.get("stream")][-1]
+    sent = [m["content"] for m in loop["messages"] if m.get("role") == "tool"]
+    assert sent == ["Paris", "Lyon"]  # run 1's result, then run 2's own
+    assert [m for m in fourth.snapshot if m["role"] == "tool"] == [paris, lyon]
+
+
+def test_a_tool_message_of_a_run_on_another_branch_is_no_result_for_a_new_call_of_the_same_id(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, LocatesEveryQuestion())
+    thread = thread_id()
+    agent = {"agent": {"client_tools": [LOCATION]}}
+    first = alice.post(run_input(thread, [user("where am I?")], forwardedProps=agent))
+    paris = {"id": "tm-paris", "role": "tool", "toolCallId": CALL_ID, "content": "Paris"}
+    second = alice.post(run_input(thread, [*first.snapshot, paris]))
+    assert second.last["type"] == "RUN_FINISHED" and "result" in second.last
+    # The answer regenerated through the own API: its run calls call_0_get_location too, and parks.
+    conversation = alice.only_conversation()
+    question = next(m for m in conversation["messages"] if m["role"] == "user")
+    regenerated = alice.http.post(
+        f"/api/conversations/{conversation['id']}/runs", json={"regenerate": question["id"]}
+    )
+    assert regenerated.status_code == 202, regenerated.text
+    run = alice.parked_run()
+    assert [c["call_id"] for c in run["pending_tool_calls"]] == [CALL_ID]
+    asked_model = len(gated_llm.agent.requests)
+
+    # The client still holds the first branch, "Paris" and all: that result answers nothing now.
+    again = alice.post(run_input(thread, second.snapshot))
+
+    assert again.kinds == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert again.last["outcome"] == {"type": "success", "pendingToolCallIds": [CALL_ID]}
+    assert [c["call_id"] for c in alice.parked_run()["pending_tool_calls"]] == [CALL_ID]
+    assert len(gated_llm.agent.requests) == asked_model

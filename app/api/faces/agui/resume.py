@@ -3,7 +3,9 @@
 ``resume`` entries decide the run's pending approvals (``resolved`` with ``{approved, editedArgs?,
 reason?}``; ``cancelled`` is a denial), and ``tool`` messages answering its pending client calls
 are their results. Only what the database holds as pending for the run counts: the client's
-history is never trusted. Everything is checked before anything is decided, so a refused resume
+history is never trusted. Call ids are unique within a run only (a provider that numbers a reply's
+calls from 0 repeats them across a thread's runs), so a ``tool`` message the thread holds already
+answers no new call. Everything is checked before anything is decided, so a refused resume
 (``Refusal``, answered as ``RUN_ERROR``) decides nothing. A ``cancelled`` entry for an interrupt of
 the thread that expired or was decided already is a no-op: the 1.0 client makes a thread cancel
 its expired interrupts before it runs again.
@@ -11,13 +13,14 @@ its expired interrupts before it runs again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from app.api.faces.agui.requests import ResumeIn, ToolMessageIn, text_of
+from app.api.faces.agui.snapshot import client_results
 from app.api.schemas import ApprovalDecisionIn
 from app.api.settle import answer_call, call_output, decide_approval, edited_args
 from app.container import Services
@@ -65,10 +68,15 @@ async def settlement(
     calls: Sequence[ApprovalRecord],
     entries: Sequence[ResumeIn],
     tool_messages: Sequence[ToolMessageIn],
+    known: Collection[str] = (),
+    other_runs: Collection[str] = (),
 ) -> Settlement:
     """What the request settles of the pending ``approvals`` and ``calls`` of the thread's run;
     ``Refusal`` (nothing decided) for a resume that misses an open interrupt, names an unknown
-    one, or carries a bad payload; ``InvalidInputError`` (422) for a result that cannot be stored."""
+    one, or carries a bad payload; ``InvalidInputError`` (422) for a result that cannot be stored.
+
+    ``known``: the ids of the thread's messages (its snapshot's, with the client's tool messages
+    its runs' calls were answered with); ``other_runs``: runs whose answers are not among them."""
     out = Settlement()
     open_ = {a.id: a for a in approvals}
     answered: set[str] = set()
@@ -82,15 +90,33 @@ async def settlement(
                 continue
             raise Refusal("invalid_resume", f"no open interrupt of this thread has id {entry.interrupt_id}")
         out.decisions.append(_decision(services, approval, entry))
-    waiting = {c.call_id: c for c in calls}
-    for message in tool_messages:
-        call = waiting.pop(message.tool_call_id, None)
-        if call is not None:
-            out.results.append((call, _result(message)))
+    answers = await _answers(services, calls, tool_messages, known, other_runs)
+    out.results.extend((call, _result(answers[call.call_id])) for call in calls if call.call_id in answers)
     missed = [a.id for a in approvals if a.id not in answered]
     if missed and (entries or out.results):
         raise Refusal("invalid_resume", f"the resume misses open interrupts: {', '.join(missed)}")
     return out
+
+
+async def _answers(
+    services: Services,
+    calls: Sequence[ApprovalRecord],
+    tool_messages: Sequence[ToolMessageIn],
+    known: Collection[str],
+    other_runs: Collection[str],
+) -> dict[str, ToolMessageIn]:
+    """The tool message answering each pending call, by call id: the last of those that are new
+    (a message the thread holds as a result already answered an earlier call of the same id)."""
+    pending = {c.call_id for c in calls}
+    new = [m for m in tool_messages if m.tool_call_id in pending and m.id not in known]
+    if new and other_runs:
+        held = {
+            result.message_id
+            for run_id in sorted(other_runs)
+            for result in client_results(await services.approvals.of_run(run_id)).values()
+        }
+        new = [m for m in new if m.id not in held]
+    return {m.tool_call_id: m for m in new}  # the last one of a call stands
 
 
 async def _closed(services: Services, conversation_id: str | None, interrupt_id: str) -> bool:

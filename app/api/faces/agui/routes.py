@@ -103,6 +103,8 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
             calls=calls,
             entries=body.resume or (),
             tool_messages=[m for m in body.messages if isinstance(m, ToolMessageIn)],
+            known=known,
+            other_runs=thread.other_runs if thread is not None else (),
         )
     except Refusal as exc:
         return start.refused(exc)

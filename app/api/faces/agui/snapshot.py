@@ -319,6 +319,9 @@ class Thread:
     messages: list[Message]
     known_ids: set[str]
     """Every id the client may hold of the conversation's messages (every branch's)."""
+    other_runs: set[str] = field(default_factory=set)
+    """The conversation's runs not folded among ``messages`` (other branches'): the ids of the
+    client's tool messages that answered their calls are not in ``known_ids``."""
 
 
 class ThreadView:
@@ -347,7 +350,7 @@ class ThreadView:
         known = {m.id for m in out}
         known.update(r.client_id or r.public_id for r in records)
         known.update(r.public_id for r in records)
-        return Thread(out, known)
+        return Thread(out, known, {r.run_id for r in records if r.run_id is not None} - folded)
 
     async def _answering(self, path: Sequence[MessageRecord]) -> dict[int, str]:
         """The run whose messages follow each question of the path, by the question's index."""
