@@ -14,9 +14,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
+from app.api.faces.agui import resume as agui_resume
+from app.api.faces.agui import routes as agui_routes
 from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
+    ALICE,
     AgUi,
     Response,
     alice_fixture,
@@ -43,6 +47,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
 )
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
 from tests.support.fake_replies import FakeReply
+from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -393,3 +398,47 @@ def test_a_tool_message_of_a_run_on_another_branch_is_no_result_for_a_new_call_o
     assert again.last["outcome"] == {"type": "success", "pendingToolCallIds": [CALL_ID]}
     assert [c["call_id"] for c in alice.parked_run()["pending_tool_calls"]] == [CALL_ID]
     assert len(gated_llm.agent.requests) == asked_model
+
+
+@pytest.mark.parametrize("elsewhere", ["one", "both"])
+def test_approvals_decided_through_the_own_api_while_a_resume_settles_them_count_as_settled(
+    elsewhere: str, alice: AgUi, service: ServerThread, gated_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    play(gated_llm, TwoToolsAgent())
+    agent = {"require_approval": ["calculator", "word_count"]}
+    body = run_input(thread_id(), [user("count and compute")], forwardedProps={"agent": agent})
+    first = alice.post(body)
+    one, two = (i["id"] for i in first.last["outcome"]["interrupts"])
+    conversation = alice.only_conversation()
+    denied = [one] if elsewhere == "one" else [one, two]
+
+    async def denied_first(*args: Any) -> None:
+        """Someone denies ``denied`` through the own API after this request read them as pending,
+        the moment before the request settles its plan."""
+        async with httpx.AsyncClient(
+            base_url=service.base_url, headers={"Authorization": f"Bearer {ALICE}"}
+        ) as http:
+            for approval_id in denied:
+                decided = await http.post(
+                    f"/api/conversations/{conversation['id']}/approvals/{approval_id}",
+                    json={"decision": "deny", "reason": "decided elsewhere"},
+                )
+                assert decided.status_code == 200, decided.text
+        await agui_resume.settle(*args)
+
+    monkeypatch.setattr(agui_routes, "settle", denied_first)
+    approve = {"status": "resolved", "payload": {"approved": True}}
+
+    second = alice.post(
+        resumed(body, first, [{"interruptId": one, **approve}, {"interruptId": two, **approve}])
+    )
+
+    if elsewhere == "both":  # nothing settled by this request: the first decisions stand
+        assert second.status == 409 and json.loads(second.body)["error"]["code"] == "approval_closed"
+        return
+    assert second.status == 200, second.body
+    decisions = {d["approval_id"]: (d["status"], d["reason"]) for d in second.custom("agentstream.approval")}
+    assert decisions == {one: ("denied", "decided elsewhere"), two: ("approved", None)}  # the first stands
+    assert second.last["type"] == "RUN_FINISHED"
+    assert second.last["result"]["run_id"] == conversation["active_run_id"]
+    assert alice.run(conversation["active_run_id"])["status"] == "completed"

@@ -25,7 +25,7 @@ from app.api.schemas import ApprovalDecisionIn
 from app.api.settle import answer_call, call_output, decide_approval, edited_args
 from app.container import Services
 from app.db.repositories.approvals import ApprovalRecord
-from app.errors import InvalidInputError
+from app.errors import ApprovalClosedConflict, CallClosedConflict, InvalidInputError
 from app.runs.approvals import APPROVAL_ID
 
 
@@ -169,10 +169,27 @@ def _result(message: ToolMessageIn) -> dict[str, Any]:
 
 
 async def settle(services: Services, plan: Settlement, owner: str) -> None:
-    """Decide and answer what ``plan`` holds (the last one carries the run on)."""
+    """Decide and answer what ``plan`` holds (whichever settles the last one carries the run on).
+
+    What was closed since the request read it (a concurrent resume, a decision or result through
+    the own API, an approval past its ``expires_at``) counts as settled by someone else: the first
+    one stands, and the rest of the plan goes on. Only if nothing of it is settled here is the
+    request a 409 (``approval_closed`` or ``call_closed``, the first conflict met)."""
+    conflict: ApprovalClosedConflict | CallClosedConflict | None = None
+    settled = False
     for d in plan.decisions:
-        await decide_approval(
-            services, d.approval, status=d.status, reason=d.reason, args=d.args, decided_by=owner
-        )
+        try:
+            await decide_approval(
+                services, d.approval, status=d.status, reason=d.reason, args=d.args, decided_by=owner
+            )
+            settled = True
+        except ApprovalClosedConflict as exc:
+            conflict = conflict or exc
     for call, output in plan.results:
-        await answer_call(services, call, output)
+        try:
+            await answer_call(services, call, output)
+            settled = True
+        except CallClosedConflict as exc:
+            conflict = conflict or exc
+    if conflict is not None and not settled:
+        raise conflict
