@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from ag_ui.core import UserMessage
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
 from app.api.faces.agui.snapshot import RunFold, Thread
-from app.api.faces.agui.translate import Translator
+from app.api.faces.agui.translate import Translator, parks_at
+from app.db.repositories.approvals import ApprovalRecord
 from app.streaming.bus import StoredEvent
 
 RUN = "run_T"
@@ -194,3 +196,42 @@ def test_a_fallback_answer_replaces_the_partial_text_under_an_id_of_its_own() ->
     assert [m["id"] for m in snapshots[0]] == ["q-1", f"asst_{RUN}_1", "tool_c1"]  # the partial text gone
     assert snapshots[-1] == fresh_snapshot(log)
     assert snapshots[-1][-1]["id"] == f"ans_{RUN}_1_f"
+
+
+def pending(approval_id: str, call_id: str, kind: str = "approval") -> ApprovalRecord:
+    now = datetime.now(UTC)
+    return ApprovalRecord(
+        id=approval_id,
+        run_id=RUN,
+        conversation_id="conv_T",
+        owner="alice",
+        call_id=call_id,
+        tool_name="calculator",
+        tool_args={},
+        iteration=1,
+        status="pending",
+        reason=None,
+        decided_args=None,
+        decided_by=None,
+        created_at=now,
+        expires_at=now,
+        decided_at=None,
+        kind=kind,
+    )
+
+
+def test_a_response_parks_only_while_something_its_waiting_names_is_pending() -> None:
+    """What the response does at a ``waiting`` that still waited when ``follow_run`` stopped there,
+    with what is pending when it reads again: parks, or follows on (all settled meanwhile, or the
+    run went on and parks again on new ones: the events up to that park come first)."""
+    log = Log()
+    log.add("phase", phase="waiting", approval_ids=["apr_1"], call_ids=["call_0_get_location"])
+    waiting = log.events[-1]
+    approval = pending("apr_1", "call_0_calculator")
+    call = pending("cli_1", "call_0_get_location", kind="client")
+
+    assert parks_at(waiting, [approval], [call])
+    assert parks_at(waiting, [approval], [])
+    assert parks_at(waiting, [], [call])
+    assert not parks_at(waiting, [], [])
+    assert not parks_at(waiting, [pending("apr_2", "call_1_calculator")], [])

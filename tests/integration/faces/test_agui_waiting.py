@@ -12,6 +12,7 @@ streams the continuation, and the snapshots keep the client's id of that message
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,6 +20,10 @@ import pytest
 
 from app.api.faces.agui import resume as agui_resume
 from app.api.faces.agui import routes as agui_routes
+from app.api.faces.follow import is_waiting
+from app.container import Services
+from app.db.repositories import RunRecord
+from app.streaming.bus import StoredEvent
 from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
     ALICE,
     AgUi,
@@ -442,3 +447,46 @@ def test_approvals_decided_through_the_own_api_while_a_resume_settles_them_count
     assert second.last["type"] == "RUN_FINISHED"
     assert second.last["result"]["run_id"] == conversation["active_run_id"]
     assert alice.run(conversation["active_run_id"])["status"] == "completed"
+
+
+def test_a_park_settled_in_the_moment_before_the_response_ends_is_followed_on(
+    alice: AgUi, service: ServerThread, gated_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    follow_run = agui_routes.follow_run
+    decided: list[str] = []
+
+    async def approved_meanwhile(
+        services: Services, run: RunRecord, after: str | None = None
+    ) -> AsyncIterator[StoredEvent]:
+        """The run's events until a ``waiting`` that still waits; then, the first time, someone
+        approves what it waits for through the own API before the response reads it again."""
+        last = None
+        async for event in follow_run(services, run, after=after):
+            last = event
+            yield event
+        if decided or last is None or not is_waiting(last):
+            return
+        (approval,) = await services.approvals.pending(run_ids=[run.id])
+        async with httpx.AsyncClient(
+            base_url=service.base_url, headers={"Authorization": f"Bearer {ALICE}"}
+        ) as http:
+            response = await http.post(
+                f"/api/conversations/{run.conversation_id}/approvals/{approval.id}",
+                json={"decision": "approve"},
+            )
+        assert response.status_code == 200, response.text
+        decided.append(approval.id)
+
+    monkeypatch.setattr(agui_routes, "follow_run", approved_meanwhile)
+
+    _, first = asked(alice, gated_llm)
+
+    assert len(decided) == 1
+    assert [(d["status"], d["approval_id"]) for d in first.custom("agentstream.approval")] == [
+        ("approved", decided[0])
+    ]
+    result = first.one("TOOL_CALL_RESULT")
+    assert result["content"] == "6*7 = 42"
+    assert first.last["type"] == "RUN_FINISHED" and "result" in first.last
+    run = alice.run(first.last["result"]["run_id"])
+    assert run["status"] == "completed" and first.text == run["answer"]

@@ -42,7 +42,7 @@ from app.api.faces.agui.requests import (
 )
 from app.api.faces.agui.resume import Refusal, settle, settlement
 from app.api.faces.agui.snapshot import RunFold, ThreadView, client_results
-from app.api.faces.agui.translate import Translator
+from app.api.faces.agui.translate import Translator, parks_at
 from app.api.faces.follow import face_stream, follow_run, is_waiting
 from app.api.routes.conversations import check_client_tools, checked_agent
 from app.api.routes.stream import title_from
@@ -213,24 +213,31 @@ class _Response:
         self, view: ThreadView, run: RunRecord, settled: Sequence[str] | set[str] = ()
     ) -> EventSourceResponse:
         """The run's events from its start; a continuation (``settled``: the ids it settled)
-        speaks from its park on."""
+        speaks from its park on. At a ``waiting`` that still waits the response parks, unless what
+        it waits for was settled in the moment between: then the run goes on, and so does this."""
         services = self.services
 
         async def events() -> AsyncIterator[BaseEvent]:
             held = client_results(await services.approvals.of_run(run.id)) if settled else {}
             translator = self._translator(view, RunFold(run.id), settled=sorted(settled), held=sorted(held))
             yield translator.started()
-            last = None
+            cursor: str | None = None
             try:
-                async for stored in follow_run(services, run):
-                    last = stored
-                    for event in await translator.feed(stored):
-                        yield event
-                if not translator.ended and last is not None and is_waiting(last):
+                while not translator.ended:
+                    last = None
+                    async for stored in follow_run(services, run, after=cursor):
+                        last = stored
+                        for event in await translator.feed(stored):
+                            yield event
+                    if translator.ended or last is None or not is_waiting(last):
+                        break
                     approvals = await services.approvals.pending(run_ids=[run.id])
                     calls = await services.approvals.pending(run_ids=[run.id], kind="client")
-                    for event in await translator.park(approvals, calls):
-                        yield event
+                    if parks_at(last, approvals, calls):
+                        for event in await translator.park(approvals, calls):
+                            yield event
+                        break
+                    cursor = last.id
             except Exception as exc:
                 log.warning("ag-ui stream ended early", extra={"run_id": run.id, "error": type(exc).__name__})
             if not translator.ended:

@@ -101,6 +101,22 @@ def interrupt_of(approval: ApprovalRecord) -> Interrupt:
     )
 
 
+def named(waiting: StoredEvent) -> set[str]:
+    """The approval and call ids a ``waiting`` event names."""
+    data = payload(waiting)
+    return {str(i) for i in (*(data.get("approval_ids") or ()), *(data.get("call_ids") or ()))}
+
+
+def parks_at(
+    waiting: StoredEvent, approvals: Sequence[ApprovalRecord], calls: Sequence[ApprovalRecord]
+) -> bool:
+    """Whether the run still waits at ``waiting``, given what is pending for it now: it does while
+    something the event names is pending. If nothing is (all settled since ``follow_run`` read
+    them, or the run went on and parks again on new ones), the response follows on from there."""
+    ids = named(waiting)
+    return any(a.id in ids for a in approvals) or any(c.call_id in ids for c in calls)
+
+
 class Translator:
     """One response's AG-UI run (``runId``: the client's) over an AgentStream run's events."""
 
@@ -188,7 +204,7 @@ class Translator:
             if event.is_done:
                 return [*(await self._go_live()), *(await self.feed(event))]
             self.fold.apply(event)
-            if is_waiting(event) and self.settled & self._named(event):
+            if is_waiting(event) and self.settled & named(event):
                 return await self._go_live()
             return []
         self.unchanged = False
@@ -212,11 +228,6 @@ class Translator:
         if kind in ("inject", "compact") or (kind == "phase" and data.get("phase") != "waiting"):
             return [self._custom(kind, data)]
         return []
-
-    @staticmethod
-    def _named(event: StoredEvent) -> set[str]:
-        data = payload(event)
-        return {str(i) for i in (*(data.get("approval_ids") or ()), *(data.get("call_ids") or ()))}
 
     async def _go_live(self) -> list[BaseEvent]:
         """A continuation's start: the thread as the client held it, and what settled it."""
