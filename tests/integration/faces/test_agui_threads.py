@@ -6,15 +6,20 @@ the history the client sends back are the same. Every response passes ``ag-ui-va
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
+    ALICE,
+    KEYS,
     AgUi,
     Response,
     alice_fixture,
     bob_fixture,
+    in_background,
     play,
     run_input,
     service_fixture,
@@ -28,6 +33,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_service_fixture,
 )
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
+from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -135,3 +141,32 @@ def test_two_owners_with_the_same_thread_id_have_two_conversations(
     assert reuse.last["type"] == "RUN_FINISHED" and "result" in reuse.last
     assert alice.http.get(f"/api/conversations/{theirs['id']}").status_code == 404
     assert len(alice.only_conversation()["messages"]) == 2
+
+
+def test_a_new_thread_whose_run_is_refused_leaves_no_conversation_behind(
+    start_service: Callable[..., ServerThread], gated_llm: FakeLLM
+) -> None:
+    service = start_service(redis=False, api_keys=KEYS, max_active_runs=1, max_queued_runs=0)
+    alice = AgUi(service.base_url, ALICE)
+    try:
+        play(gated_llm, EchoAgentBehaviour())
+        gated_llm.agent.close_gate()
+        busy = in_background(lambda: alice.post(run_input(thread_id(), [user("first")])))
+        before = alice.active_conversation()
+        thread = thread_id()
+        body = run_input(thread, [user("my name is Ada", "h-1"), user("what is my name?", "q-1")])
+
+        refused = alice.post(body)  # the one place is taken and no run may queue
+
+        assert refused.status == 429 and json.loads(refused.body)["error"]["code"] == "queue_full"
+        assert [c["id"] for c in alice.conversations()] == [before["id"]]
+        gated_llm.agent.gate.set()
+        assert busy.result(timeout=20).last["type"] == "RUN_FINISHED"
+        # The thread is new again: created at this use, with its history once.
+        again = alice.post(body)
+        assert again.last["type"] == "RUN_FINISHED" and "result" in again.last
+        assert [m["id"] for m in again.snapshot if m["role"] == "user"] == ["h-1", "q-1"]
+        assert len(alice.conversations()) == 2
+    finally:
+        gated_llm.agent.gate.set()
+        alice.close()

@@ -124,8 +124,9 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
     text = _question_text(question)
     tools = _client_tools(services, body)
     agent = checked_agent(services, _agent_spec(body)) if conversation is None else {}
+    created = False
     if conversation is None:
-        conversation, _ = await services.threads.open(
+        conversation, created = await services.threads.open(
             owner,
             FACE,
             body.thread_id,
@@ -135,14 +136,31 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
         )
         view = ThreadView(services, conversation)
     assert view is not None
-    run = await services.manager.start_run(
-        conversation,
-        text,
-        prior=_context(body),
-        placement=Placement(client_id=question.id),
-        client_tools=tools,
-    )
+    try:
+        run = await services.manager.start_run(
+            conversation,
+            text,
+            prior=_context(body),
+            placement=Placement(client_id=question.id),
+            client_tools=tools,
+        )
+    except Exception:
+        if created:  # refused (the queue is full, the worker stops, an outage): the new thread goes too
+            await _forget(services, owner, conversation.id)
+        raise
     return start.follow(view, run)
+
+
+async def _forget(services: Services, owner: str, conversation_id: str) -> None:
+    """Remove the conversation this request created for a run that did not start: a refused
+    request changes nothing stored (its face thread goes with it)."""
+    try:
+        await services.conversations.delete(owner, conversation_id)
+    except Exception as exc:
+        log.warning(
+            "could not remove the conversation of a run that did not start",
+            extra={"conversation_id": conversation_id, "error": repr(exc)},
+        )
 
 
 class _Response:
