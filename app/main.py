@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from app import __version__
 from app.api.cors import add_cors
 from app.api.errors import install_error_handlers
+from app.api.faces.a2a import routes as a2a_face
 from app.api.faces.agui import routes as ag_ui_face
 from app.api.faces.aisdk import routes as ai_sdk_face
 from app.api.limits import BodySizeLimit
@@ -266,6 +267,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openai_compat,
         ai_sdk_face,
         ag_ui_face,
+        a2a_face,
     ):
         app.include_router(module.router)
 

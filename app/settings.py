@@ -61,6 +61,20 @@ class Settings(BaseSettings):
     """Origins whose pages may call the service (J-04): comma-separated, or ``*`` (then without
     credentials)."""
 
+    # the A2A agent card (FACES.md N-01)
+    a2a_agent_name: str = Field(default="AgentStream", min_length=1, max_length=200)
+    a2a_agent_description: str = Field(
+        default=(
+            "Runs tool-using LLM agents durably: a task is a run that outlives workers, waits for a "
+            "person's approval (input-required) and takes follow-ups while it works."
+        ),
+        min_length=1,
+        max_length=2000,
+    )
+    public_base_url: str | None = None
+    """Where clients reach the service (``https://agents.example.com``), for the URLs the agent
+    card names; unset: from each request (its scheme, host and port)."""
+
     # engine
     react_max_iterations: int = Field(default=50, ge=1, le=1000)
     react_cycle_detection_threshold: int = Field(default=3, ge=1)
@@ -138,6 +152,7 @@ class Settings(BaseSettings):
         "auth_jwt_jwks_url",
         "auth_oidc_issuer",
         "auth_jwt_issuer",
+        "public_base_url",
         "auth_jwt_audience",
         "cors_allow_origins",
         mode="before",
@@ -159,6 +174,16 @@ class Settings(BaseSettings):
     def _known_provider(cls, v: str | None) -> str | None:
         if v is not None and v.strip().lower() not in PROFILES:
             raise ValueError(f"unknown provider {v!r}; one of: {', '.join(sorted(PROFILES))}")
+        return v
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip().rstrip("/")
+        if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", v, re.IGNORECASE):
+            raise ValueError("PUBLIC_BASE_URL must be an http(s) URL such as https://agents.example.com")
         return v
 
     @field_validator("cors_allow_origins")

@@ -1,0 +1,521 @@
+"""The A2A methods on runs (FACES.md N-02..N-05): the SDK's ``RequestHandler``, implemented on the
+run model rather than on the SDK's task store and executor.
+
+The SDK's request handler keeps tasks in its own store and runs an ``AgentExecutor`` in the
+process that took the request; a run here is durable, carried on by whichever worker, and its
+events are the stored log. So every method maps onto the run model: a task is a run (read from the
+database), its stream a translation of the run's events (``translate``), a message starts a run,
+adds a follow-up or decides an approval. The SDK still does the wire: JSON-RPC and HTTP+JSON
+parsing, version negotiation, the 0.3 names, error shapes, SSE.
+
+The call's owner and the services come in the call context (``routes``); another owner's task
+is ``TaskNotFoundError``, as is an id that names no run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import Event
+from a2a.server.request_handlers.request_handler import RequestHandler, validate_request_params
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskPushNotificationConfig,
+    TaskState,
+)
+from a2a.utils.errors import (
+    A2AError,
+    InternalError,
+    InvalidParamsError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from app.api.faces.a2a.requests import (
+    Decision,
+    Inbound,
+    agent_spec,
+    checked_context_id,
+    read_message,
+)
+from app.api.faces.a2a.tasks import DEFAULT_PAGE_SIZE, FACE, TaskStore, question, task_of
+from app.api.faces.a2a.translate import TERMINAL, TaskEvents
+from app.api.faces.follow import is_waiting, payload, still_waits
+from app.api.routes.conversations import checked_agent
+from app.api.routes.stream import SEAM_WAIT_S, title_from
+from app.api.settle import decide_approval, edited_args
+from app.container import Services
+from app.db.errors import database_unreachable
+from app.db.repositories import ConversationRecord, RunRecord
+from app.db.repositories.run_start import Placement
+from app.errors import (
+    ApprovalClosedConflict,
+    InvalidInputError,
+    NoActiveRunError,
+    NotFoundError,
+    RunActiveConflict,
+    ServiceError,
+)
+from app.streaming.bus import BusUnavailableError, StoredEvent
+from app.streaming.resume import stream_events
+
+log = logging.getLogger("app.api.faces.a2a")
+
+ENDED = frozenset({"completed", "failed", "cancelled"})
+CANCEL_WAIT_S = 10.0
+"""How long ``CancelTask`` waits for the run's end to answer with its ``CANCELED`` task."""
+
+
+class RefusedError(InternalError):
+    """The service cannot take the request now (a full queue, a worker shutting down, a database
+    or Redis outage): on HTTP+JSON the route answers with the service's status and ``Retry-After``
+    (``routes``); on JSON-RPC it is an internal error whose data says so."""
+
+    def __init__(self, error: ServiceError) -> None:
+        retry = dict(error.headers).get("Retry-After")
+        super().__init__(error.message, {"code": error.code, **({"retryAfter": retry} if retry else {})})
+        self.error = error
+
+
+class _Outage(ServiceError):
+    code = "unavailable"
+    status = 503
+    headers = (("Retry-After", "1"),)
+
+    def __init__(self) -> None:
+        super().__init__("the database or the event bus is unreachable; retry shortly")
+
+
+def a2a_error(exc: Exception) -> Exception:
+    """The A2A error of a service error (or an outage); anything else is left as it is."""
+    if isinstance(exc, A2AError):
+        return exc
+    if isinstance(exc, NotFoundError):
+        return TaskNotFoundError()
+    if isinstance(exc, InvalidInputError):
+        return InvalidParamsError(exc.message)
+    if isinstance(exc, ApprovalClosedConflict):
+        return InvalidParamsError(exc.message)
+    if isinstance(exc, RunActiveConflict):
+        return UnsupportedOperationError(
+            "a task of this context is still active: send the message with its taskId (a follow-up), "
+            "or cancel it first"
+        )
+    if isinstance(exc, NoActiveRunError):
+        return UnsupportedOperationError("the task has ended: it takes no more messages")
+    if isinstance(exc, ServiceError) and exc.status in (429, 503):
+        return RefusedError(exc)
+    if isinstance(exc, ConnectionError | TimeoutError | BusUnavailableError) or database_unreachable(exc):
+        return RefusedError(_Outage())
+    return exc
+
+
+class _Call:
+    """One method call: the services, the caller, and where a refusal is reported to the route."""
+
+    def __init__(self, context: ServerCallContext) -> None:
+        self.services: Services = context.state["services"]
+        self.owner: str = context.state["owner"]
+        self.context = context
+        self.store = TaskStore(self.services.db.sessionmaker)
+
+    def refused(self, error: Exception) -> Exception:
+        mapped = a2a_error(error)
+        if isinstance(mapped, RefusedError):
+            # The HTTP+JSON route answers it with the service's status and Retry-After.
+            self.context.state["request"].state.a2a_refused = mapped.error
+        return mapped
+
+    async def run(self, task_id: str) -> RunRecord:
+        run = await self.services.runs.get(self.owner, task_id) if task_id else None
+        if run is None:
+            raise TaskNotFoundError()
+        return run
+
+    async def context_id(self, run: RunRecord) -> str:
+        return (await self.store.context_ids(self.owner, [run.conversation_id]))[run.conversation_id]
+
+    async def task(self, run: RunRecord, *, history_length: int | None = None) -> Task:
+        latest = await self.services.runs.get(self.owner, run.id) or run
+        pending = (
+            await self.services.approvals.pending(run_ids=[latest.id]) if latest.status == "waiting" else []
+        )
+        return task_of(latest, await self.context_id(latest), pending, history_length=history_length)
+
+
+class RunsRequestHandler(RequestHandler):
+    """The A2A methods on the service's runs; stateless (everything comes with each call)."""
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    @validate_request_params
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        call = _Call(context)
+        try:
+            if params.HasField("history_length") and params.history_length < 0:
+                raise InvalidParamsError("historyLength must not be negative")
+            run = await call.run(params.id)
+            return await call.task(
+                run, history_length=params.history_length if params.HasField("history_length") else None
+            )
+        except Exception as exc:
+            raise call.refused(exc) from exc
+
+    @validate_request_params
+    async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        call = _Call(context)
+        try:
+            if params.HasField("history_length") and params.history_length < 0:
+                raise InvalidParamsError("historyLength must not be negative")
+            conversation_id: str | None = None
+            if params.context_id:
+                conv = await _find_context(call, params.context_id)
+                if conv is None:
+                    return ListTasksResponse(next_page_token="", page_size=_page_size(params), total_size=0)
+                conversation_id = conv.id
+            runs, token, total = await call.store.page(call.owner, params, conversation_id)
+            contexts = await call.store.context_ids(call.owner, [r.conversation_id for r in runs])
+            waiting = [r.id for r in runs if r.status == "waiting"]
+            pending = await call.services.approvals.pending(run_ids=waiting) if waiting else []
+            history = params.history_length if params.HasField("history_length") else None
+            tasks = [
+                task_of(
+                    run,
+                    contexts[run.conversation_id],
+                    [a for a in pending if a.run_id == run.id],
+                    history_length=history,
+                )
+                for run in runs
+            ]
+            return ListTasksResponse(
+                tasks=tasks, next_page_token=token, page_size=_page_size(params), total_size=total
+            )
+        except Exception as exc:
+            raise call.refused(exc) from exc
+
+    @validate_request_params
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        call = _Call(context)
+        try:
+            run = await call.run(params.id)
+            if run.status in ENDED:
+                raise TaskNotCancelableError(f"the task is {run.status}")
+            conv = await call.services.conversations.get(call.owner, run.conversation_id)
+            if conv is None:
+                raise TaskNotFoundError()
+            try:
+                await call.services.manager.cancel(conv)
+            except NoActiveRunError:
+                raise TaskNotCancelableError("the task has ended") from None
+            # The run ends within moments, on whichever worker holds it: answer with that end.
+            try:
+                async with asyncio.timeout(CANCEL_WAIT_S):
+                    async for _ in _events_of(call.services, run, after=None, stop_at_waiting=False):
+                        pass
+            except TimeoutError:
+                log.warning("a cancelled run has not ended yet", extra={"run_id": run.id})
+            return await call.task(run)
+        except Exception as exc:
+            raise call.refused(exc) from exc
+
+    # -- messages ----------------------------------------------------------------------------
+
+    @validate_request_params
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
+        call = _Call(context)
+        try:
+            step = await _accept(call, params)
+            history = (
+                params.configuration.history_length
+                if params.configuration.HasField("history_length")
+                else None
+            )
+            if step.ends_now or params.configuration.return_immediately:
+                return await call.task(step.run, history_length=history)
+            # Blocking (the default): until the task ends or waits for a person again.
+            async for _ in _events_of(call.services, step.run, after=step.after, stop_at_waiting=True):
+                pass
+            return await call.task(step.run, history_length=history)
+        except Exception as exc:
+            raise call.refused(exc) from exc
+
+    @validate_request_params
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event]:
+        call = _Call(context)
+        try:
+            step = await _accept(call, params)
+        except Exception as exc:
+            raise call.refused(exc) from exc
+        if step.ends_now:
+            yield await call.task(step.run)
+            return
+        async for event in _task_stream(
+            call, step.run, step.context_id, fresh=step.fresh, stop_at_waiting=True
+        ):
+            yield event
+
+    @validate_request_params
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event]:
+        call = _Call(context)
+        try:
+            run = await call.run(params.id)
+            if run.status in ENDED:
+                raise UnsupportedOperationError(f"the task is {run.status}: there is nothing to subscribe to")
+            context_id = await call.context_id(run)
+        except Exception as exc:
+            raise call.refused(exc) from exc
+        async for event in _task_stream(call, run, context_id, fresh=False, stop_at_waiting=False):
+            yield event
+
+    # -- push notifications (not yet: FACES.md N-06) -----------------------------------------
+
+    async def on_create_task_push_notification_config(
+        self, params: TaskPushNotificationConfig, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError()
+
+    async def on_get_task_push_notification_config(
+        self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError()
+
+    async def on_list_task_push_notification_configs(
+        self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
+    ) -> ListTaskPushNotificationConfigsResponse:
+        raise PushNotificationNotSupportedError()
+
+    async def on_delete_task_push_notification_config(
+        self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> None:
+        raise PushNotificationNotSupportedError()
+
+    async def on_get_extended_agent_card(
+        self, params: GetExtendedAgentCardRequest, context: ServerCallContext
+    ) -> AgentCard:
+        raise UnsupportedOperationError("this agent has no extended agent card")
+
+
+def _page_size(params: ListTasksRequest) -> int:
+    return params.page_size if params.HasField("page_size") else DEFAULT_PAGE_SIZE
+
+
+# -- what a message does -----------------------------------------------------------------------
+
+
+class _Step:
+    """What a message did: the run it concerns, where its stream starts, whether it ends there."""
+
+    def __init__(
+        self, run: RunRecord, context_id: str, *, fresh: bool, after: str | None, ends_now: bool = False
+    ) -> None:
+        self.run = run
+        self.context_id = context_id
+        self.fresh = fresh
+        """A new run: its stream is its whole log, from a snapshot of its start."""
+        self.after = after
+        self.ends_now = ends_now
+        """Nothing more happens until another message (it still waits for a person)."""
+
+
+async def _find_context(call: _Call, context_id: str) -> ConversationRecord | None:
+    """The conversation ``context_id`` names for the caller: a context an A2A client named, or one
+    of the caller's conversations by its id (N-03)."""
+    found = await call.services.threads.find(call.owner, FACE, context_id)
+    if found is None:
+        found = await call.services.conversations.get(call.owner, context_id)
+    return found
+
+
+async def _accept(call: _Call, params: SendMessageRequest) -> _Step:
+    """Reads the message, checks it, and does what it says: a new run, a follow-up, decisions."""
+    if not params.HasField("message"):
+        raise InvalidParamsError("message is required")
+    message = params.message
+    inbound = read_message(message)
+    if message.task_id:
+        run = await call.run(message.task_id)
+        context_id = await call.context_id(run)
+        if message.context_id and message.context_id != context_id:
+            raise InvalidParamsError(f"contextId does not match task {run.id}'s context ({context_id})")
+        return await _on_task(call, run, context_id, inbound)
+    if inbound.decisions:
+        raise InvalidParamsError("a decision goes to the task that waits for it: send it with its taskId")
+    return await _new_run(call, params, inbound)
+
+
+async def _new_run(call: _Call, params: SendMessageRequest, inbound: Inbound) -> _Step:
+    services, owner = call.services, call.owner
+    message = params.message
+    spec = agent_spec(params)
+    if spec is not None and spec.client_tools:
+        raise InvalidParamsError("metadata.agent.client_tools: an A2A client cannot run tools for the agent")
+    created = False
+    if message.context_id:
+        context_id = checked_context_id(message.context_id)
+        conv = await _find_context(call, context_id)
+        if conv is None:
+            agent = checked_agent(services, spec)
+            conv, created = await services.threads.open(
+                owner, FACE, context_id, title=title_from(inbound.text), agent_config=agent
+            )
+    else:
+        agent = checked_agent(services, spec)
+        conv = await services.conversations.create(owner, title_from(inbound.text), agent)
+        context_id, created = conv.id, True
+    placement = Placement(client_id=message.message_id[:200] or None)
+    try:
+        run = await services.manager.start_run(conv, inbound.text, placement=placement)
+    except BaseException:
+        if created:  # refused (a full queue, a worker that stops): the new context goes too
+            try:
+                await services.conversations.delete(owner, conv.id)
+            except Exception as exc:
+                log.warning("could not remove a context whose run did not start", extra={"error": repr(exc)})
+        raise
+    return _Step(run, context_id, fresh=True, after=None)
+
+
+async def _on_task(call: _Call, run: RunRecord, context_id: str, inbound: Inbound) -> _Step:
+    """A message on an existing task (N-04, N-05)."""
+    services = call.services
+    if run.status in ENDED:
+        raise UnsupportedOperationError(f"the task is {run.status}: it takes no more messages")
+    conv = await services.conversations.get(call.owner, run.conversation_id)
+    if conv is None:
+        raise TaskNotFoundError()
+    after = await services.events.last_id(conv.id)
+    if inbound.decisions:
+        if run.status != "waiting":
+            raise InvalidParamsError(f"task {run.id} waits for no approval")
+        goes_on = await _decide(call, run, inbound.decisions)
+        if inbound.text:
+            await services.manager.interrupt(conv, inbound.text)
+        return _Step(run, context_id, fresh=False, after=after, ends_now=not goes_on)
+    if run.status == "waiting":
+        pending = await services.approvals.pending(run_ids=[run.id])
+        if pending:
+            ids = ", ".join(a.id for a in pending)
+            raise InvalidParamsError(
+                f"task {run.id} waits for a decision on {ids}: send a data part "
+                '{"approval_id", "decision": "approve"|"deny", "reason"?, "tool_args"?}'
+            )
+    # A follow-up (API.md interrupt): the run folds it in at its next step.
+    await services.manager.interrupt(conv, inbound.text)
+    return _Step(run, context_id, fresh=False, after=after)
+
+
+async def _decide(call: _Call, run: RunRecord, decisions: list[Decision]) -> bool:
+    """Decides the run's pending approvals the message names; whether the run goes on."""
+    services = call.services
+    pending = {a.id: a for a in await services.approvals.pending(run_ids=[run.id])}
+    chosen = []
+    for decision in decisions:
+        approval_id = decision.approval_id
+        if approval_id is None:
+            if len(pending) != 1:
+                raise InvalidParamsError(
+                    f"task {run.id} waits for {len(pending)} approvals: name one with approval_id"
+                )
+            approval_id = next(iter(pending))
+        approval = pending.get(approval_id)
+        if approval is None:
+            raise InvalidParamsError(f"no pending approval {approval_id} waits in task {run.id}")
+        args = approval.tool_args
+        if decision.decision == "approve" and decision.tool_args is not None:
+            args = edited_args(services, approval, decision.tool_args)
+        chosen.append((approval, decision, args))
+    for approval, decision, args in chosen:  # all checked: now decided
+        await decide_approval(
+            services,
+            approval,
+            status="approved" if decision.decision == "approve" else "denied",
+            reason=decision.reason,
+            args=args,
+            decided_by=call.owner,
+        )
+    left = await services.approvals.pending(run_ids=[run.id])
+    calls = await services.approvals.pending(run_ids=[run.id], kind="client")
+    return not left and not calls
+
+
+# -- streams -----------------------------------------------------------------------------------
+
+
+async def _events_of(
+    services: Services, run: RunRecord, *, after: str | None, stop_at_waiting: bool
+) -> AsyncIterator[tuple[StoredEvent, bool]]:
+    """The run's events after ``after`` (default: from its start), live, each with whether it is a
+    ``waiting`` that still waits; ends after its ``done``, or (``stop_at_waiting``) at a waiting
+    that still waits."""
+    async for event in stream_events(
+        services.bus,
+        services.events,
+        run.conversation_id,
+        after or run.start_cursor,
+        seam_wait_s=SEAM_WAIT_S,
+    ):
+        if event.run_id != run.id:
+            continue
+        waits = is_waiting(event) and await still_waits(services, run.id, payload(event))
+        yield event, waits
+        if event.is_done or (waits and stop_at_waiting):
+            return
+
+
+async def _task_stream(
+    call: _Call, run: RunRecord, context_id: str, *, fresh: bool, stop_at_waiting: bool
+) -> AsyncIterator[Any]:
+    """A task's stream: its snapshot, then its events live (N-04, N-05). A new run's snapshot is
+    its start; an existing task's is what its stored events say, and the stream goes on after them."""
+    services = call.services
+    translation = TaskEvents(run.id, context_id)
+    first = question(run, None)
+    first.context_id = context_id
+    after: str | None = None
+    if not fresh:
+        stored = await services.events.for_run(run.id)
+        for event in stored:
+            translation.event(event, waits=False)
+        if stored:
+            after = stored[-1].id
+            latest = await services.runs.get(call.owner, run.id) or run
+            if latest.status == "waiting":
+                # The snapshot says what it waits for now (a decision may have come since).
+                snapshot = await call.task(latest)
+                translation.state = snapshot.status.state
+                translation.status_message = (
+                    snapshot.status.message if snapshot.status.HasField("message") else None
+                )
+    elif run.status == "running":
+        translation.state = TaskState.TASK_STATE_WORKING  # it started at once
+    snapshot = translation.snapshot(first)
+    translation.caught_up()
+    yield snapshot
+    if translation.state in TERMINAL:  # it ended between the message and the snapshot
+        return
+    async for event, waits in _events_of(services, run, after=after, stop_at_waiting=stop_at_waiting):
+        for update in translation.event(event, waits=waits):
+            yield update

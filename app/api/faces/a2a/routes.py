@@ -1,0 +1,198 @@
+"""The A2A routes (FACES.md N-01, N-02): the agent card, the JSON-RPC endpoint and the HTTP+JSON
+binding, each in 1.0 and, through the SDK's compatibility layer, 0.3.
+
+- ``GET /.well-known/agent-card.json`` (and ``/.well-known/agent.json``): the card, public;
+- ``POST /a2a`` (and ``/a2a/``): JSON-RPC 2.0, the 1.0 methods (``SendMessage``, ...) and the 0.3
+  ones (``message/send``, ...);
+- ``/a2a/rest/...``: HTTP+JSON (``POST /a2a/rest/message:send``, ``GET /a2a/rest/tasks/{id}``, ...),
+  0.3's under ``/a2a/rest/v1/...``.
+
+The SDK's dispatchers parse, negotiate the version (``A2A-Version``, or the ``A2A-Version`` query
+parameter), call ``RunsRequestHandler`` and shape errors; around them, each route authenticates
+the caller as every other route does (an API key or an access token; a refusal is the service's
+``401`` with its challenge), refuses bodies that are not UTF-8 JSON in the binding's own error
+shape (the SDK would answer them as internal errors), and answers a refusal of the service (a full
+queue, a worker shutting down, an outage) with its status and ``Retry-After`` on HTTP+JSON. The
+protocol routes stay out of the OpenAPI document: the card describes them, and their bodies are
+the protocol's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.jsonrpc_models import JSONParseError
+from a2a.server.request_handlers.response_helpers import build_error_response
+from a2a.server.routes.common import DefaultServerCallContextBuilder, ServerCallContextBuilder
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from a2a.server.routes.rest_routes import create_rest_routes
+from a2a.utils.constants import VERSION_HEADER
+from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.errors import InvalidRequestError
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+from starlette.routing import Route
+
+from app.api.faces.a2a.card import (
+    CACHE_CONTROL,
+    CARD_PATHS,
+    JSONRPC_PATH,
+    REST_PATH,
+    agent_card,
+    card_json,
+    etag_matches,
+)
+from app.api.faces.a2a.handler import RunsRequestHandler
+from app.container import Services
+from app.errors import ServiceError
+
+router = APIRouter(tags=["a2a"])
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+PUSH_NOTIFICATIONS = False
+"""Push notification configs (N-06) come with the durable outbox; until then the card says so and
+their methods answer ``PushNotificationNotSupportedError`` (A2A 3.3.4)."""
+
+
+class CallContext(ServerCallContextBuilder):
+    """The SDK's call context, with what ``RunsRequestHandler`` needs: the services, the caller
+    (authenticated by the route before the SDK sees the request) and the request itself."""
+
+    def __init__(self) -> None:
+        self._default = DefaultServerCallContextBuilder()
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = self._default.build(request)
+        headers = context.state["headers"]
+        version = request.query_params.get(VERSION_HEADER)
+        if version and not headers.get(VERSION_HEADER.lower()):
+            headers[VERSION_HEADER.lower()] = version  # A2A 3.6.1: a query parameter will do
+        context.state["services"] = request.app.state.services
+        context.state["owner"] = request.state.a2a_owner
+        context.state["request"] = request
+        return context
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def _authenticated(request: Request) -> None:
+    request.state.a2a_owner = await _services(request).auth.owner(request.headers.get("authorization"))
+
+
+async def _json_body(request: Request) -> Any:
+    """The body as JSON, or ``ValueError`` (not UTF-8, not JSON, nested too deeply)."""
+    body = await request.body()
+    try:
+        return json.loads(body.decode("utf-8")) if body else None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _refusal(request: Request) -> ServiceError | None:
+    refused = getattr(request.state, "a2a_refused", None)
+    return refused if isinstance(refused, ServiceError) else None
+
+
+_REFUSAL_STATUS = {429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+
+
+def _rest(endpoint: Endpoint, *, has_body: bool) -> Endpoint:
+    async def route(request: Request) -> Response:
+        await _authenticated(request)
+        if has_body:
+            try:
+                await _json_body(request)
+            except ValueError as exc:
+                payload = build_rest_error_payload(InvalidRequestError(f"the body is not JSON: {exc}"))
+                return JSONResponse(payload, status_code=400)
+        response = await endpoint(request)
+        refused = _refusal(request)
+        if refused is not None and response.status_code >= 500:
+            payload = {
+                "error": {
+                    "code": refused.status,
+                    "status": _REFUSAL_STATUS.get(refused.status, "UNAVAILABLE"),
+                    "message": refused.message,
+                    "details": [
+                        {
+                            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": refused.code.upper(),
+                            "domain": "agentstream",
+                            "metadata": {},
+                        }
+                    ],
+                }
+            }
+            return JSONResponse(payload, status_code=refused.status, headers=dict(refused.headers))
+        return response
+
+    return route
+
+
+def _jsonrpc(dispatcher: JsonRpcDispatcher) -> Endpoint:
+    async def route(request: Request) -> Response:
+        await _authenticated(request)
+        try:
+            await _json_body(request)
+        except ValueError as exc:
+            return JSONResponse(build_error_response(None, JSONParseError(message=str(exc))))
+        return await dispatcher.handle_requests(request)
+
+    return route
+
+
+HANDLER = RunsRequestHandler()
+_CONTEXT = CallContext()
+
+_jsonrpc_endpoint = _jsonrpc(JsonRpcDispatcher(HANDLER, context_builder=_CONTEXT, enable_v0_3_compat=True))
+for path in (JSONRPC_PATH, JSONRPC_PATH + "/"):
+    router.add_route(path, _jsonrpc_endpoint, methods=["POST"], include_in_schema=False)
+
+for route in create_rest_routes(
+    HANDLER, context_builder=_CONTEXT, enable_v0_3_compat=True, path_prefix=REST_PATH
+):
+    # Tenants (the SDK's ``/{tenant}/...`` mount) are not used: one service, one agent.
+    if isinstance(route, Route) and route.methods:
+        methods = sorted(m for m in route.methods if m != "HEAD")
+        router.add_route(
+            route.path,
+            _rest(route.endpoint, has_body=bool({"POST", "PUT", "PATCH"} & set(methods))),
+            methods=methods,
+            include_in_schema=False,
+        )
+
+
+async def _card(request: Request) -> Response:
+    services = _services(request)
+    body, etag = card_json(agent_card(services, request, push_notifications=PUSH_NOTIFICATIONS))
+    headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
+    if etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    return JSONResponse(body, headers=headers)
+
+
+_CARD_DOC = {
+    200: {
+        "description": "the A2A agent card (FACES.md N-01), with ETag and Cache-Control",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+
+for card_path in CARD_PATHS:
+    router.add_api_route(
+        card_path,
+        _card,
+        methods=["GET"],
+        response_model=None,
+        responses=_CARD_DOC,  # type: ignore[arg-type]
+        summary="A2A agent card",
+        name=f"a2a_card{'' if card_path == CARD_PATHS[0] else '_legacy'}",
+    )
