@@ -157,7 +157,9 @@ class _Call:
     async def task(self, run: RunRecord, *, history_length: int | None = None) -> Task:
         latest = await self.services.runs.get(self.owner, run.id) or run
         pending = (
-            await self.services.approvals.pending(run_ids=[latest.id]) if latest.status == "waiting" else []
+            await self.services.approvals.pending(run_ids=[latest.id])
+            if latest.status in ("running", "waiting")
+            else []
         )
         return task_of(latest, await self.context_id(latest), pending, history_length=history_length)
 
@@ -194,7 +196,7 @@ class RunsRequestHandler(RequestHandler):
                 conversation_id = conv.id
             runs, token, total = await call.store.page(call.owner, params, conversation_id)
             contexts = await call.store.context_ids(call.owner, [r.conversation_id for r in runs])
-            waiting = [r.id for r in runs if r.status == "waiting"]
+            waiting = [r.id for r in runs if r.status in ("running", "waiting")]
             pending = await call.services.approvals.pending(run_ids=waiting) if waiting else []
             history = params.history_length if params.HasField("history_length") else None
             tasks = [
@@ -408,13 +410,11 @@ async def _on_task(call: _Call, run: RunRecord, context_id: str, inbound: Inboun
         raise TaskNotFoundError()
     after = await services.events.last_id(conv.id)
     if inbound.decisions:
-        if run.status != "waiting":
-            raise InvalidParamsError(f"task {run.id} waits for no approval")
         goes_on = await _decide(call, run, inbound.decisions)
         if inbound.text:
             await services.manager.interrupt(conv, inbound.text)
         return _Step(run, context_id, fresh=False, after=after, ends_now=not goes_on)
-    if run.status == "waiting":
+    if run.status in ("running", "waiting"):
         pending = await services.approvals.pending(run_ids=[run.id])
         if pending:
             ids = ", ".join(a.id for a in pending)
@@ -431,6 +431,8 @@ async def _decide(call: _Call, run: RunRecord, decisions: list[Decision]) -> boo
     """Decides the run's pending approvals the message names; whether the run goes on."""
     services = call.services
     pending = {a.id: a for a in await services.approvals.pending(run_ids=[run.id])}
+    if not pending:
+        raise InvalidParamsError(f"task {run.id} waits for no approval")
     chosen = []
     for decision in decisions:
         approval_id = decision.approval_id

@@ -70,8 +70,11 @@ def task_of(
     *,
     history_length: int | None = None,
 ) -> Task:
-    """The task ``run`` is, from its record (and the approvals it waits for)."""
+    """The task ``run`` is, from its record (and the approvals it waits for). A run that asked for
+    an approval waits for a person from then on, though its row says ``running`` until it parks."""
     state = RUN_STATES[run.status]
+    if run.status == "running" and pending:
+        state = TaskState.TASK_STATE_INPUT_REQUIRED
     status = TaskStatus(state=state)
     status.timestamp.FromDatetime(status_time(run))
     message: Message | None = None
