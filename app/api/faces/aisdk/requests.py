@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.api.routes.conversations import checked_agent
 from app.api.routes.stream import title_from
-from app.api.schemas import MAX_MESSAGE_CHARS, AgentSpec, _no_nul
+from app.api.schemas import MAX_MESSAGE_CHARS, AgentSpec, no_nul
 from app.api.settle import answer_call, call_output, decide_approval
 from app.container import Services
 from app.db.repositories import ConversationRecord, MessageRecord, RunRecord
@@ -43,7 +43,7 @@ def _refuse_nul(value: str) -> str:
     return value
 
 
-ClientId = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_no_nul)]
+ClientId = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(no_nul)]
 
 
 class UIMessageIn(BaseModel):
