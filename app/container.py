@@ -18,6 +18,7 @@ from app.settings import Settings
 from app.streaming.bus import EventBus
 from app.tools.registry import ToolRegistry
 from app.tracing import NO_TRACING, Tracing
+from app.webhooks import Webhooks
 
 
 @dataclass
@@ -35,6 +36,9 @@ class Services:
     """Who calls: API keys and access tokens (app.auth)."""
     approvals: ApprovalRepo
     models: ModelRegistry
+    webhooks: Webhooks
+    """The outbox of run webhooks and A2A push notifications, its URL checks, the push configs and
+    this worker's deliverer (app.webhooks; FACES.md N-06, N-07)."""
     redis: Any = None
     tracing: Tracing = NO_TRACING
     extras: dict[str, Any] = field(default_factory=dict)

@@ -60,6 +60,7 @@ from app.tools.builtins import default_registry
 from app.tools.mcp import connect_mcp_tools
 from app.tracing import build_tracing, tracing_on
 from app.tracing.http import ServerSpans
+from app.webhooks import build_webhooks
 
 log = logging.getLogger("app.main")
 
@@ -95,7 +96,13 @@ async def build_services(settings: Settings) -> Services:
     await asyncio.to_thread(upgrade_database, settings.database_url)
     db = Database(settings.database_url)
     conversations_repo = ConversationRepo(db.sessionmaker)
-    runs_repo = RunRepo(db.sessionmaker)
+    worker_id = new_worker_id()
+    # Runs that wait or end store what their webhooks and push configs are owed in the same
+    # transaction (FACES.md N-06, N-07): the repositories are given the outbox's notices.
+    webhooks = build_webhooks(
+        settings, db.sessionmaker, metrics=metrics, worker_id=worker_id, default_model=models.default
+    )
+    runs_repo = RunRepo(db.sessionmaker, webhooks.notices)
     events_repo = EventRepo(db.sessionmaker)
 
     redis_client: Any = None
@@ -151,7 +158,7 @@ async def build_services(settings: Settings) -> Services:
         registry_.add_post(audit_hook)
         return registry_
 
-    approvals_repo = ApprovalRepo(db.sessionmaker)
+    approvals_repo = ApprovalRepo(db.sessionmaker, webhooks.notices)
     manager = RunManager(
         approvals=approvals_repo,
         settings=settings,
@@ -165,9 +172,9 @@ async def build_services(settings: Settings) -> Services:
         follow_ups=follow_ups,
         cancel_signal=cancel_signal,
         metrics=metrics,
-        worker_id=new_worker_id(),
+        worker_id=worker_id,
         hooks=hooks,
-        leases=RunRepo(db.lease_sessionmaker),
+        leases=RunRepo(db.lease_sessionmaker, webhooks.notices),
         queue=RunQueue(db.sessionmaker),
         released_signal=released_signal,
         tracing=tracing,
@@ -186,6 +193,7 @@ async def build_services(settings: Settings) -> Services:
         redis=redis_client,
         extras={"mcp": mcp_tools},
         models=models,
+        webhooks=webhooks,
         approvals=approvals_repo,
         tracing=tracing,
     )
@@ -196,6 +204,12 @@ async def close_services(services: Services) -> None:
         await services.manager.shutdown()
     except Exception:
         log.warning("error while stopping the runs", exc_info=True)
+    try:
+        # After the runs: what those that ended meanwhile owe is stored; claims under way are
+        # released for another worker.
+        await services.webhooks.deliverer.stop()
+    except Exception:
+        log.warning("error while stopping the webhook deliveries", exc_info=True)
     for closer in (
         services.extras["mcp"].aclose,
         services.auth.aclose,
@@ -225,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services = await build_services(settings)
         app.state.services = services
         await services.manager.start()
+        services.webhooks.deliverer.start()
         services.auth.start()  # the provider's keys load in the background: it may be down
         # The cycle collector's full passes stop the event loop, every stream with it: under load
         # (200 streaming runs) they came every few seconds and took 150-250 ms, most of the

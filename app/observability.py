@@ -221,3 +221,17 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # Run webhooks and A2A push notifications (FACES.md N-06, N-07).
+        self.webhook_deliveries = Counter(
+            "agentstream_webhook_deliveries_total",
+            "Delivery attempts this process made, by kind (run, a2a_push) and outcome (delivered; "
+            "failed: retried later; given_up: failed past WEBHOOK_MAX_AGE_S; refused: its URL is "
+            "not one the service posts to)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.webhook_queue = Gauge(
+            "agentstream_webhook_queue_depth",
+            "Deliveries neither made nor given up, across the service (read from the database)",
+            registry=r,
+        )

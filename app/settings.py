@@ -6,6 +6,8 @@ CLI, never at import time.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Literal
 
@@ -16,6 +18,20 @@ from app.llm.models import ABILITY_NAMES
 from app.llm.providers import PROFILES
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/agentstream.db"
+
+def webhook_key(secret: str) -> bytes:
+    """The HMAC key a ``WEBHOOK_SECRET`` names: Standard Webhooks' ``whsec_<base64>`` is the
+    decoded bytes; any other text, its UTF-8 bytes."""
+    if not secret.startswith("whsec_"):
+        return secret.encode()
+    try:
+        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except binascii.Error:
+        raise ValueError("WEBHOOK_SECRET: after whsec_ comes the key in base64") from None
+    if not key:
+        raise ValueError("WEBHOOK_SECRET: the key after whsec_ is empty")
+    return key
+
 
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+", re.IGNORECASE)
 """What a browser sends as ``Origin``: a scheme and a host (and port), no path."""
@@ -110,6 +126,23 @@ class Settings(BaseSettings):
     max_queued_runs: int = Field(default=10000, ge=0)
     """Runs that may wait in the queue across the service; beyond that a start is 429 (Q-02)."""
 
+    # run webhooks and A2A push notifications (FACES.md N-06, N-07)
+    webhook_secret: SecretStr | None = None
+    """Signs run webhooks as Standard Webhooks says: ``whsec_<base64 key>``, or any text (its UTF-8
+    bytes are the key). Unset: deliveries go unsigned."""
+    webhook_max_age_s: float = Field(default=86400.0, gt=0, le=366 * 86400)
+    """A delivery is retried with backoff for this long after it was queued, then given up."""
+    webhook_allow_private: bool = False
+    """Take webhook URLs whose host is loopback, private, link-local, multicast or unspecified."""
+    webhook_allowed_hosts: str | None = None
+    """Comma-separated host names or addresses: when set, webhook URLs on other hosts are refused."""
+    webhook_claim_s: float = Field(default=30.0, ge=1, le=3600)
+    """A worker's claim on a delivery lasts this long, renewed while it delivers: a dead worker's
+    deliveries are taken by another after it (not in API.md)."""
+    webhook_retry_s: float = Field(default=1.0, gt=0, le=3600)
+    """The wait before a delivery's first retry, doubled at each retry up to an hour, with jitter
+    (not in API.md)."""
+
     # tracing (OpenTelemetry over OTLP/HTTP; off without an endpoint). The SDK reads the other
     # standard OTEL_* variables (sampler, resource attributes, batch, timeout, certificates) itself.
     otel_exporter_otlp_endpoint: str | None = None
@@ -155,6 +188,8 @@ class Settings(BaseSettings):
         "public_base_url",
         "auth_jwt_audience",
         "cors_allow_origins",
+        "webhook_secret",
+        "webhook_allowed_hosts",
         mode="before",
     )
     @classmethod
@@ -195,6 +230,13 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"CORS_ALLOW_ORIGINS: {origin!r} is not an origin (scheme://host[:port], no path)"
                 )
+        return v
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _webhook_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            webhook_key(v.get_secret_value())  # a whsec_ secret must hold base64
         return v
 
     @model_validator(mode="after")
@@ -261,6 +303,15 @@ class Settings(BaseSettings):
                 raise ValueError("API_KEYS entries must look like owner:key")
             out[key.strip()] = owner.strip()
         return out
+
+    def webhook_hosts(self) -> list[str]:
+        """``WEBHOOK_ALLOWED_HOSTS`` as lower-case names and addresses; empty: any public host."""
+        hosts = (h.strip().lower().rstrip(".") for h in (self.webhook_allowed_hosts or "").split(","))
+        return [h for h in hosts if h]
+
+    def webhook_signing_key(self) -> bytes | None:
+        """The HMAC key of ``WEBHOOK_SECRET`` (None: deliveries are not signed)."""
+        return webhook_key(self.webhook_secret.get_secret_value()) if self.webhook_secret else None
 
     def approval_tools(self) -> list[str]:
         """``REQUIRE_APPROVAL`` as a list of tool names (``["*"]`` for every tool)."""

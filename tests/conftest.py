@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -9,6 +10,11 @@ import pytest
 
 from tests.support.scheduling import ScopeScheduling
 from tests.support.scripted import ScriptedLLM
+
+# FACES.md N-06: no webhook delivery of a test ever leaves this machine. Every service a test starts
+# (in this process, or a worker subprocess, which inherits the environment) posts to loopback hosts
+# only, unless the test sets WEBHOOK_ALLOWED_HOSTS itself.
+os.environ.setdefault("WEBHOOK_ALLOWED_HOSTS", "127.0.0.1,localhost,::1")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ScopeScheduling | None:

@@ -192,14 +192,25 @@ def _one_of(fields: dict[str, list[str]], non_null: tuple[str, ...]) -> Any:
     return shape
 
 
+WebhookUrl = Annotated[
+    str,
+    Field(min_length=1, max_length=2048, pattern=r"^[Hh][Tt][Tt][Pp][Ss]?://[^\x00-\x20\x7f]+$"),
+]
+"""An http(s) URL; whether the service posts to it is checked apart (``app.webhooks.urls``)."""
+
+
 class RunCreate(BaseModel):
     """A question (below ``parent_id`` when given: an edit, FACES.md B-02), or a question answered
-    again (``regenerate``, B-03)."""
+    again (``regenerate``, B-03); ``webhook`` gets the run's record when it waits and when it ends
+    (N-07)."""
 
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
-        json_schema_extra=_one_of({"message": ["parent_id"], "regenerate": []}, ("message", "regenerate")),
+        json_schema_extra=_one_of(
+            {"message": ["parent_id", "webhook"], "regenerate": ["webhook"]},
+            ("message", "regenerate", "webhook"),
+        ),
     )
 
     message: MessageText | None = None
@@ -207,9 +218,12 @@ class RunCreate(BaseModel):
     """The message the question follows (null: a conversation's first); unset: the current leaf."""
     regenerate: MessageId | None = None
     """A user message to answer again, or an assistant message to replace with a new sibling."""
+    webhook: WebhookUrl | None = None
 
     @model_validator(mode="after")
     def _question_or_regenerate(self) -> RunCreate:
+        if self.webhook is None and "webhook" in self.model_fields_set:
+            raise ValueError("webhook must be a URL (leave it out for none)")
         if self.regenerate is not None:
             if self.message is not None or "parent_id" in self.model_fields_set:
                 raise ValueError("regenerate goes alone: no message, no parent_id")

@@ -1,5 +1,6 @@
 """The SQLAlchemy tables: conversations, their messages, runs with their checkpoints and follow-ups,
-the durable copy of run events, and what the built-in tools keep (notes, effects).
+the durable copy of run events, what the built-in tools keep (notes, effects), and the webhooks'
+outbox with the A2A push notification configs.
 
 Constraint names come from one naming convention so that migrations can address them on every
 dialect. Datetimes are stored in UTC and always come back timezone-aware, SQLite included.
@@ -234,6 +235,8 @@ class Run(Base):
     client_tools: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
     # The run this one replays from one of its checkpoints (B-06).
     replay_of: Mapped[str | None] = mapped_column(String(64))
+    # Where the run record is posted when the run starts waiting and when it ends (N-07).
+    webhook: Mapped[str | None] = mapped_column(Text)
 
 
 class RunEvent(Base):
@@ -355,3 +358,70 @@ class Approval(Base):
     kind: Mapped[str] = mapped_column(String(16), default="approval", server_default="approval")
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     """A client call's result as it came: ``{"output": any}`` or ``{"error": str}``."""
+
+
+PENDING_DELIVERY = text("delivered_at IS NULL AND given_up_at IS NULL")
+"""A delivery of the outbox that is neither made nor given up: due at ``next_attempt_at``."""
+
+
+class WebhookDelivery(Base):
+    """One POST the service owes a receiver (FACES.md N-06, N-07): the durable outbox.
+
+    Stored in the transaction that made the change it tells of, so that it survives the worker
+    that stored it and Redis. Any worker claims it when due (``claimed_by``, ``claimed_until``: a
+    lease, so the claims of a worker that died come back), makes the attempt, and records the
+    outcome; ``id`` is the delivery's ``webhook-id``, the same on every attempt. No foreign key to
+    the run: the body is whole, and what is owed is still owed when the conversation is deleted.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            sqlite_where=PENDING_DELIVERY,
+            postgresql_where=PENDING_DELIVERY,
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    """``run`` (a run webhook, N-07) or ``a2a_push`` (an A2A push notification, N-06)."""
+    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    event: Mapped[str] = mapped_column(String(32))
+    """What it tells: the run's status then (``waiting``, ``completed``, ...)."""
+    url: Mapped[str] = mapped_column(Text)
+    headers: Mapped[dict[str, Any]]
+    """Headers of its own (an A2A config's ``Authorization``): a secret, never logged."""
+    body: Mapped[str] = mapped_column(Text)
+    """The JSON posted, exactly these bytes (UTF-8) on every attempt."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    next_attempt_at: Mapped[datetime]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Attempts claimed so far (the one under way included): an attempt's number fences its outcome."""
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    claimed_until: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    """Why the last attempt failed, in words that hold no secret (no URL, header or body)."""
+    given_up_at: Mapped[datetime | None]
+
+
+
+class PushConfig(Base):
+    """An A2A push notification config of a task (FACES.md N-06): where the service posts the
+    task's status changes, with what credentials. ``config_id`` is the A2A config's ``id``, unique
+    per task; the row goes with its run."""
+
+    __tablename__ = "push_configs"
+    __table_args__ = (UniqueConstraint("run_id", "config_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    owner: Mapped[str] = mapped_column(String(200))
+    config_id: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(Text)
+    token: Mapped[str | None] = mapped_column(Text)
+    authentication: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    """The A2A ``AuthenticationInfo``: ``{"scheme", "credentials"}``."""
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -26,6 +26,7 @@ from app.db.models import ACTIVE_STATUSES
 from app.db.repositories import ConversationRecord, ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.approvals import ApprovalRepo
 from app.db.repositories.follow_ups import FollowUpRepo
+from app.db.repositories.push_configs import NewPushConfig
 from app.db.repositories.queue import Admission, RunQueue
 from app.db.repositories.run_start import UNDER_HEAD, Opening, Placement
 from app.engine.events import RunQueued
@@ -223,6 +224,8 @@ class RunManager:
         placement: Placement = UNDER_HEAD,
         client_tools: list[dict[str, Any]] | None = None,
         replay: ReplayStart | None = None,
+        webhook: str | None = None,
+        push_configs: Sequence[NewPushConfig] = (),
     ) -> RunRecord:
         """Start a run on ``message`` in the background; the conversation's messages are its history.
         If this worker is full, its owner at its cap, or runs queue already, the run queues instead
@@ -232,7 +235,9 @@ class RunManager:
         a whole chat): they are stored in the conversation before it, so they are this run's history.
         ``placement``: where the question goes in the conversation's tree (FACES.md B-02, B-03);
         ``client_tools``: tools the client runs, for this run alone (C-01); ``replay``: the run
-        starts from another run's checkpoint (B-06).
+        starts from another run's checkpoint (B-06). ``webhook``: a URL (checked by the caller)
+        that gets the run's record when it waits and when it ends (N-07); ``push_configs``: the A2A
+        push notification configs of the new task (N-06), stored with the run.
         """
         if not self._accepting:
             raise ShuttingDownError("this worker is shutting down; retry on another worker")
@@ -285,6 +290,8 @@ class RunManager:
                     client_tools=client_tools,
                     opening=opening if replay is not None else None,
                     replay_of=replay.source_run_id if replay is not None else None,
+                    webhook=webhook,
+                    push_configs=push_configs,
                 )
             except RunActiveError as exc:
                 raise RunActiveConflict("a run is already active in this conversation") from exc

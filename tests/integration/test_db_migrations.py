@@ -35,6 +35,8 @@ APP_TABLES = {
     "tool_effects",
     "approvals",
     "face_threads",
+    "webhook_deliveries",
+    "push_configs",
 }
 
 
@@ -115,6 +117,7 @@ async def test_migrated_schema_keeps_the_partial_unique_index_and_named_constrai
         "fk_approvals_conversation_id_conversations",
         "fk_approvals_run_id_runs",
         "fk_face_threads_conversation_id_conversations",
+        "fk_push_configs_run_id_runs",
     }
     assert schema["pk"]["name"] == "pk_run_events"
     assert schema["pk"]["constrained_columns"] == ["conversation_id", "cursor_ms", "cursor_seq"]

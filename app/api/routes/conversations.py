@@ -33,6 +33,7 @@ from app.errors import InvalidInputError, NoActiveRunError, NotFoundError, RunAc
 from app.runs.approvals import approval_item, tool_call_item
 from app.runs.branches import question_of
 from app.tools.schema_check import schema_errors
+from app.webhooks import WebhookRefusedError
 
 router = APIRouter(tags=["conversations"])
 
@@ -210,13 +211,25 @@ async def start_run(
         parent_given="parent_id" in body.model_fields_set,
         regenerate=body.regenerate,
     )
-    run = await services.manager.start_run(conv, question.text, placement=question.placement)
+    if body.webhook is not None:
+        await checked_webhook(services, body.webhook)
+    run = await services.manager.start_run(
+        conv, question.text, placement=question.placement, webhook=body.webhook
+    )
     return RunStarted(
         run_id=run.id,
         conversation_id=conv.id,
         status="queued" if run.status == "queued" else "running",
         stream_url=stream_url(conv.id),
     )
+
+
+async def checked_webhook(services: Services, url: str) -> None:
+    """422 unless the service posts to ``url`` (FACES.md N-06: checked again at each delivery)."""
+    try:
+        await services.webhooks.policy.check(url)
+    except WebhookRefusedError as exc:
+        raise InvalidInputError(f"webhook: {exc}") from None
 
 
 @router.post(

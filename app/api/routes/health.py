@@ -85,6 +85,8 @@ async def metrics(services: ServicesDep) -> Response:
     # Read at scrape time: pending approvals live in the database, across every worker.
     with contextlib.suppress(Exception):
         services.metrics.approvals_pending.set(await services.approvals.count_pending())
+    with contextlib.suppress(Exception):
+        services.metrics.webhook_queue.set(await services.webhooks.outbox.pending_count())
     queued = await _queue_length(services)
     if queued is not None:
         services.metrics.queued_runs.set(queued)

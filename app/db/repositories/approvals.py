@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import PersistenceError
 from app.db.models import Approval, Run, utcnow
+from app.db.repositories.run_notices import NOTIFY, RunNotices
 
 ParkResult = Literal["waiting", "released", "cancelled", "lost"]
 
@@ -115,8 +116,13 @@ async def _go_on_if_decided(session: AsyncSession, run_id: str) -> bool:
 
 
 class ApprovalRepo:
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self, sessionmaker: async_sessionmaker[AsyncSession], notices: RunNotices | None = None
+    ) -> None:
+        """``notices``: told of a run that starts waiting, in the transaction that parks it, when
+        the run has listeners (the webhooks' outbox); None: nobody is told."""
         self._sessionmaker = sessionmaker
+        self._notices = notices
 
     async def request(self, new: NewApproval) -> ApprovalRecord:
         """Store a pending approval, or return the one a previous attempt stored for the same call."""
@@ -147,7 +153,8 @@ class ApprovalRepo:
     async def park(self, run_id: str, attempt: int, worker_id: str) -> ParkResult:
         """Let the run wait for its approvals, held by no worker (A-02); ``released`` when every
         one of them is decided already (it goes on at once), ``cancelled`` when its user cancelled
-        it meanwhile (the caller closes it), ``lost`` if ``attempt`` does not hold it any more."""
+        it meanwhile (the caller closes it), ``lost`` if ``attempt`` does not hold it any more.
+        A run that waits has its listeners told in the same transaction (``RunNotices``)."""
         held = (
             Run.id == run_id,
             Run.status == "running",
@@ -159,11 +166,17 @@ class ApprovalRepo:
                 update(Run)
                 .where(*held, Run.cancel_requested.is_(False))
                 .values(status="waiting", worker_id=None, lease_expires_at=None)
+                .returning(NOTIFY)
             )
-            if not parked.rowcount:  # type: ignore[attr-defined]
+            row = parked.first()
+            if row is None:
                 still_ours = await session.scalar(select(Run.id).where(*held))
                 return "cancelled" if still_ours is not None else "lost"
-            return "released" if await _go_on_if_decided(session, run_id) else "waiting"
+            if await _go_on_if_decided(session, run_id):
+                return "released"
+            if row.notify and self._notices is not None:
+                await self._notices.run_changed(session, run_id)
+            return "waiting"
 
     async def decide(
         self,
@@ -320,6 +333,17 @@ class ApprovalRepo:
                 await session.execute(select(Approval).where(Approval.id == approval_id))
             ).scalar_one_or_none()
             return _record(row) if row is not None else None
+
+    @staticmethod
+    async def pending_in(session: AsyncSession, run_id: str) -> list[ApprovalRecord]:
+        """The run's open approvals and client calls, oldest first, read in the caller's
+        transaction (what a run that starts waiting waits for)."""
+        rows = await session.scalars(
+            select(Approval)
+            .where(Approval.run_id == run_id, Approval.status == "pending")
+            .order_by(Approval.created_at, Approval.id)
+        )
+        return [_record(row) for row in rows]
 
     async def of_run(self, run_id: str) -> list[ApprovalRecord]:
         return await self._all(

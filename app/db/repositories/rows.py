@@ -182,6 +182,8 @@ class RunRecord:
     """Tools the client runs, declared for this run alone (FACES.md C-01)."""
     replay_of: str | None = None
     """The run this one replays from a checkpoint (FACES.md B-06)."""
+    webhook: str | None = None
+    """Where its record is posted when it starts waiting and when it ends (FACES.md N-07)."""
 
 
 def message_public_id(message_id: int) -> str:
@@ -279,6 +281,7 @@ def _run_record(row: Any) -> RunRecord:
         question_seq=row.question_seq,
         client_tools=list(row.client_tools) if row.client_tools is not None else None,
         replay_of=row.replay_of,
+        webhook=row.webhook,
     )
 
 

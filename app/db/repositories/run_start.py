@@ -1,7 +1,7 @@
 """How a run starts, in one transaction (``RunRepo.start``): the run's row, its question's place
 in the conversation's tree (FACES.md B-02, B-03), the history it reads, the follow-ups that waited,
-the events and first checkpoint of a run that starts from another's (a replay, B-06), and whether
-it queues (RUNS.md Q-01).
+the events and first checkpoint of a run that starts from another's (a replay, B-06), whether
+it queues (RUNS.md Q-01), and the A2A push notification configs it starts with (N-06).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.errors import EventIdTakenError
 from app.db.models import FollowUp
+from app.db.repositories.push_configs import NewPushConfig, insert_push_configs
 from app.db.repositories.queue import Admission, admit, check_bound
 from app.db.repositories.rows import (
     _LAST_EVENT_ID,
@@ -87,6 +88,7 @@ async def insert_start(
     opening: Callable[[str, str], Opening] | None,
     *,
     exclusive: bool,
+    push_configs: Sequence[NewPushConfig] = (),
 ) -> list[ChatMessage]:
     """``RunRepo.start``'s transaction (the caller's ``session``): stores new run ``row`` (updated
     in place if it queues) and returns its history."""
@@ -162,6 +164,7 @@ async def insert_start(
             client_ids=(placement.client_id,),
         )
     row["question_seq"] = question
+    await insert_push_configs(session, row["id"], row["owner"], push_configs)
     await session.execute(_SET_START, {"b_id": row["id"], "start_cursor": cursor, "question_seq": question})
     after = cursor
     if opening is not None:

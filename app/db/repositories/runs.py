@@ -21,6 +21,7 @@ from app.db.models import (
     ToolEffect,
     utcnow,
 )
+from app.db.repositories.push_configs import NewPushConfig
 from app.db.repositories.queue import Admission, NearBound, start_exclusive
 from app.db.repositories.rows import (
     FINAL_STATUSES,
@@ -38,6 +39,7 @@ from app.db.repositories.rows import (
     new_run_id,
     path_to,
 )
+from app.db.repositories.run_notices import NOTIFY, RunNotices
 from app.db.repositories.run_start import UNDER_HEAD, Opening, Placement, insert_start
 from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent
@@ -53,11 +55,12 @@ _LATEST_RUN = (
     .order_by(_runs.c.created_at.desc(), _runs.c.id.desc())
     .limit(1)
 )
-# A close says where the run's messages go: below its question (FACES.md B-01).
+# A close says where the run's messages go (below its question, FACES.md B-01), and whether
+# anyone is to be told of it (a webhook, a push config: N-06, N-07).
 _FINISH_RUN = (
     update(_runs)
     .where(_runs.c.id == bindparam("b_id"), _runs.c.status == "running")
-    .returning(_runs.c.question_seq)
+    .returning(_runs.c.question_seq, NOTIFY)
 )
 _FINISH_ATTEMPT = _FINISH_RUN.where(_runs.c.attempt == bindparam("b_attempt"))
 _QUESTION_OF = select(_runs.c.question_seq).where(_runs.c.id == bindparam("b_id"))
@@ -83,8 +86,13 @@ process stored an event under one of their ids (the start kept nothing then)."""
 
 
 class RunRepo:
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self, sessionmaker: async_sessionmaker[AsyncSession], notices: RunNotices | None = None
+    ) -> None:
+        """``notices``: told of each close in its transaction, when the run has listeners (the
+        webhooks' outbox); None: nobody is told (tests of the runs alone)."""
         self._sessionmaker = sessionmaker
+        self._notices = notices
 
     @staticmethod
     def _new_row(
@@ -96,6 +104,7 @@ class RunRepo:
         start_cursor: str,
         model: str | None = None,
         trace_parent: str | None = None,
+        webhook: str | None = None,
     ) -> dict[str, Any]:
         now = utcnow()
         return {
@@ -122,6 +131,7 @@ class RunRepo:
             # ``00-<trace id>-<span id>-<flags>``: the trace the run's spans belong to, and their parent.
             "trace_id": trace_parent[3:35] if trace_parent else None,
             "trace_parent": trace_parent,
+            "webhook": webhook,
         }
 
     async def _explain_conflict(self, conversation_id: str) -> NoReturn:
@@ -152,6 +162,8 @@ class RunRepo:
         client_tools: list[dict[str, Any]] | None = None,
         opening: Callable[[str, str], Opening] | None = None,
         replay_of: str | None = None,
+        webhook: str | None = None,
+        push_configs: Sequence[NewPushConfig] = (),
     ) -> tuple[RunRecord, list[ChatMessage]]:
         """Insert a running run leased to ``worker_id`` and, in the same transaction, store
         ``prior`` turns (a whole chat sent at once), read the conversation's history, then store
@@ -170,7 +182,10 @@ class RunRepo:
 
         ``placement`` says where the question goes in the conversation's tree; ``opening(run_id,
         after)``, the events and first checkpoint of a run that starts from another's checkpoint
-        (stamped after cursor ``after``), stored with it.
+        (stamped after cursor ``after``), stored with it. ``webhook``: the URL the run's record is
+        posted to when it waits and when it ends (FACES.md N-07); ``push_configs``: A2A push
+        notification configs of the new task (N-06), stored with it, so that none of its changes
+        can come before them.
 
         Raises ``RunActiveError`` if a run of the conversation is active (the partial unique index
         decides, so of two concurrent starts exactly one wins), ``ConversationNotFoundError`` if
@@ -191,6 +206,7 @@ class RunRepo:
                 start_cursor,
                 model=model,
                 trace_parent=trace_parent,
+                webhook=webhook,
             )
             row.update(client_tools=client_tools, replay_of=replay_of)
             fresh = dict(row)
@@ -207,6 +223,7 @@ class RunRepo:
                             placement,
                             opening,
                             exclusive=exclusive,
+                            push_configs=push_configs,
                         )
                 except EventIdTakenError:
                     continue  # another process stored an event under an id stamped here: stamp anew
@@ -259,7 +276,8 @@ class RunRepo:
         (``start``). A retry of a close whose commit went through but whose answer was lost
         finds its very done stored (same id, same bytes) and returns True again; another closer's
         done, even under the same id, does not count. Raises ``EventIdTakenError``, keeping
-        nothing, if the run was open but another event holds the done's id.
+        nothing, if the run was open but another event holds the done's id. The run's listeners
+        (webhook, push configs) get their deliveries in the same transaction (``RunNotices``).
         """
         if status not in FINAL_STATUSES:
             raise ValueError(f"a run cannot finish as {status!r}")
@@ -311,6 +329,8 @@ class RunRepo:
                     # Another process stored an event under this id: a close without its done in
                     # the log would leave readers waiting. Undo it all; the caller restamps.
                     raise EventIdTakenError(done.id)
+            if finished is not None and finished.notify and self._notices is not None:
+                await self._notices.run_changed(session, run_id)
         return closed
 
     async def renew_leases(self, run_ids: Sequence[str], worker_id: str, lease_s: float) -> None:

@@ -8,14 +8,16 @@ it starts finish in the background on the transport's event loop.
 Checks: no 5xx; status code, content type and body schema as documented; invalid data rejected and
 valid data accepted. Nothing is excluded. Generated ids name nothing, so some cases are pointed at
 real ids: the caller's (alice) and another owner's (bob), which must be 404 like any unknown id.
-Two facts JSON Schema cannot carry are made true of the *valid* cases only, so that
-"valid data is accepted" tests something: an agent's ``tools`` must be registered tool names, and a
-list ``cursor`` must be one the service handed out. ``POST /v1/chat/completions`` takes OpenAI's
-request schema, which allows more than an agent can take (tool messages, images, a last message
-that is not the user's); those valid-by-schema requests are refused with a documented 4xx, so the
-"valid data is accepted" check alone is not run on that operation. The same holds of the protocol
-faces' requests, whose schemas are the protocols' (FACES.md): a message list that ends with
-neither a new question nor a waiting run's message, messages without text.
+Three facts JSON Schema cannot carry are made true of the *valid* cases only, so that
+"valid data is accepted" tests something: an agent's ``tools`` must be registered tool names, a
+list ``cursor`` must be one the service handed out, and a run's ``webhook`` a URL the service posts
+to (a loopback one here: nothing is ever resolved or sent off this machine).
+``POST /v1/chat/completions`` takes OpenAI's request schema, which allows more than an agent can
+take (tool messages, images, a last message that is not the user's); those valid-by-schema requests
+are refused with a documented 4xx, so the "valid data is accepted" check alone is not run on that
+operation. The same holds of the protocol faces' requests, whose schemas are the protocols'
+(FACES.md): a message list that ends with neither a new question nor a waiting run's message,
+messages without text.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ BOB = {"Authorization": "Bearer fuzz-bob-key"}
 KEYS = f"alice:{ALICE_KEY},bob:fuzz-bob-key"
 PROTOCOL_BODIES = ("POST /v1/chat/completions", "POST /api/ai-sdk/chat", "POST /api/ag-ui")
 DISPOSABLE = 8
+WEBHOOK = "http://127.0.0.1:9/hook"
+"""A webhook URL the subject takes (port 9: nothing answers there, the deliveries just fail)."""
 EXAMPLES = 12
 """Per operation and mode (valid, invalid): about 360 requests in all, in well under a minute."""
 
@@ -104,6 +108,8 @@ def subject(sqlite_migrated_template: Path, tmp_path_factory: pytest.TempPathFac
             shutdown_grace_s=0,
             sse_ping_seconds=1,
             log_level="CRITICAL",
+            webhook_allow_private=True,
+            webhook_allowed_hosts="127.0.0.1",
         )
     )
     try:
@@ -126,6 +132,8 @@ def _make_semantically_valid(case: Case, known: Known, data: st.DataObject) -> N
     agent = case.body.get("agent") if isinstance(case.body, dict) else None
     if isinstance(agent, dict) and isinstance(agent.get("tools"), list):
         agent["tools"] = data.draw(st.lists(st.sampled_from(known.tools), max_size=len(agent["tools"])))
+    if isinstance(case.body, dict) and isinstance(case.body.get("webhook"), str):
+        case.body["webhook"] = WEBHOOK
     if isinstance(case.query, dict) and "cursor" in case.query:
         case.query["cursor"] = data.draw(st.sampled_from(known.cursors))
 

@@ -79,18 +79,25 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "pk_face_threads",
         "fk_face_threads_conversation_id_conversations",
         "ix_face_threads_conversation_id",
+        "pk_webhook_deliveries",
+        "ix_webhook_deliveries_due",
+        "ix_webhook_deliveries_run_id",
+        "pk_push_configs",
+        "fk_push_configs_run_id_runs",
+        "uq_push_configs_run_id_config_id",
     }
 
 
 def test_foreign_keys_cascade_deletes_from_conversations() -> None:
     fks = [fk for table in Base.metadata.sorted_tables for fk in table.foreign_keys]
 
-    # Everything of a conversation goes with it: checkpoints and approvals through their run too.
-    assert len(fks) == 8
+    # Everything of a conversation goes with it: checkpoints, approvals and push configs through
+    # their run too. Not the webhooks' outbox: what is owed is owed still.
+    assert len(fks) == 9
     assert {fk.column.table.name for fk in fks} == {"conversations", "runs"}
     assert all(fk.ondelete == "CASCADE" for fk in fks)
     through_run = {fk.parent.table.name for fk in fks if fk.column.table.name == "runs"}
-    assert through_run == {"run_checkpoints", "approvals"}
+    assert through_run == {"run_checkpoints", "approvals", "push_configs"}
 
 
 @pytest.mark.parametrize("dialect", [sqlite.dialect(), postgresql.dialect()], ids=["sqlite", "postgresql"])
