@@ -2,9 +2,10 @@
 
 Built per request from the settings (name, description, models as skills, the service's auth) and
 the service's public URL (``PUBLIC_BASE_URL``, else the request's scheme, host and port), as the
-SDK's ``AgentCard``; served with a weak ``ETag`` over its content and ``Cache-Control``. The SDK's
-``agent_card_to_dict`` adds the 0.3 fields (``url``, ``preferredTransport``, ...) that older
-clients read, from the interfaces declared for 0.3.
+SDK's ``AgentCard``; served with a weak ``ETag`` over its content and ``Cache-Control``. At
+``/.well-known/agent-card.json`` it is the 1.0 card (1.0's schema allows no other field); at
+``/.well-known/agent.json`` the SDK's ``agent_card_to_dict`` adds the 0.3 fields (``url``,
+``preferredTransport``, ...) that older clients read, from the interfaces declared for 0.3.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from a2a.types.a2a_pb2 import (
     StringList,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
+from google.protobuf import json_format
 from starlette.requests import Request
 
 from app import __version__
@@ -37,7 +39,10 @@ JSONRPC_PATH = "/a2a"
 REST_PATH = "/a2a/rest"
 """The HTTP+JSON binding's base: ``/a2a/rest/message:send``, ``/a2a/rest/tasks/{id}``, ... (its 0.3
 routes under ``/a2a/rest/v1/...``, where 0.3 clients put them)."""
-CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
+CARD_PATH = "/.well-known/agent-card.json"
+"""The 1.0 card."""
+LEGACY_CARD_PATH = "/.well-known/agent.json"
+"""The same card with the 0.3 fields, for older clients."""
 CACHE_CONTROL = "public, max-age=300"
 """Five minutes: a card changes with a deploy (settings, models, tools), and a client that holds a
 stale one still reaches every route it names."""
@@ -143,9 +148,11 @@ def agent_card(services: Services, request: Request, *, push_notifications: bool
     return card
 
 
-def card_json(card: AgentCard) -> tuple[dict[str, Any], str]:
-    """The card as JSON (with the 0.3 fields) and its weak ``ETag``."""
-    body = agent_card_to_dict(card)
+def card_json(card: AgentCard, *, legacy: bool) -> tuple[dict[str, Any], str]:
+    """The card as JSON and its weak ``ETag``: as 1.0 has it, or (``legacy``) with the 0.3 fields
+    (``url``, ``preferredTransport``, ``additionalInterfaces``, ``protocolVersion``) that the SDK
+    adds for older clients, which 1.0's schema does not allow."""
+    body = agent_card_to_dict(card) if legacy else json_format.MessageToDict(card)
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return body, f'W/"{digest[:32]}"'
 

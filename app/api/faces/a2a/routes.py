@@ -29,9 +29,9 @@ from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.server.routes.common import DefaultServerCallContextBuilder, ServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.server.routes.rest_routes import create_rest_routes
-from a2a.utils.constants import VERSION_HEADER
+from a2a.utils.constants import A2A_JSON_MEDIA_TYPE, VERSION_HEADER
 from a2a.utils.error_handlers import build_rest_error_payload
-from a2a.utils.errors import InvalidRequestError
+from a2a.utils.errors import ContentTypeNotSupportedError, InvalidRequestError
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
@@ -39,8 +39,9 @@ from starlette.routing import Route
 
 from app.api.faces.a2a.card import (
     CACHE_CONTROL,
-    CARD_PATHS,
+    CARD_PATH,
     JSONRPC_PATH,
+    LEGACY_CARD_PATH,
     REST_PATH,
     agent_card,
     card_json,
@@ -96,6 +97,10 @@ async def _json_body(request: Request) -> Any:
         raise ValueError(str(exc)) from None
 
 
+def _rpc_id(value: Any) -> str | int | None:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
 def _refusal(request: Request) -> ServiceError | None:
     refused = getattr(request.state, "a2a_refused", None)
     return refused if isinstance(refused, ServiceError) else None
@@ -114,6 +119,9 @@ def _rest(endpoint: Endpoint, *, has_body: bool) -> Endpoint:
                 payload = build_rest_error_payload(InvalidRequestError(f"the body is not JSON: {exc}"))
                 return JSONResponse(payload, status_code=400)
         response = await endpoint(request)
+        if response.headers.get("content-type") == A2A_JSON_MEDIA_TYPE:
+            # A2A 1.0 (11.1) names application/json; the SDK follows a later draft.
+            response.headers["content-type"] = "application/json"
         refused = _refusal(request)
         if refused is not None and response.status_code >= 500:
             payload = {
@@ -140,10 +148,19 @@ def _rest(endpoint: Endpoint, *, has_body: bool) -> Endpoint:
 def _jsonrpc(dispatcher: JsonRpcDispatcher) -> Endpoint:
     async def route(request: Request) -> Response:
         await _authenticated(request)
+        body: Any = None
+        error: JSONParseError | None = None
         try:
-            await _json_body(request)
+            body = await _json_body(request)
         except ValueError as exc:
-            return JSONResponse(build_error_response(None, JSONParseError(message=str(exc))))
+            error = JSONParseError(message=str(exc))
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media and media != "application/json" and not media.endswith("+json"):
+            request_id = body.get("id") if isinstance(body, dict) else None
+            refused = ContentTypeNotSupportedError(f"send Content-Type: application/json, not {media}")
+            return JSONResponse(build_error_response(_rpc_id(request_id), refused))
+        if error is not None:
+            return JSONResponse(build_error_response(None, error))
         return await dispatcher.handle_requests(request)
 
     return route
@@ -172,7 +189,8 @@ for route in create_rest_routes(
 
 async def _card(request: Request) -> Response:
     services = _services(request)
-    body, etag = card_json(agent_card(services, request, push_notifications=PUSH_NOTIFICATIONS))
+    card = agent_card(services, request, push_notifications=PUSH_NOTIFICATIONS)
+    body, etag = card_json(card, legacy=request.url.path == LEGACY_CARD_PATH)
     headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
     if etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
@@ -186,13 +204,16 @@ _CARD_DOC = {
     }
 }
 
-for card_path in CARD_PATHS:
+for card_path, summary in (
+    (CARD_PATH, "A2A agent card"),
+    (LEGACY_CARD_PATH, "A2A agent card with 0.3 fields"),
+):
     router.add_api_route(
         card_path,
         _card,
         methods=["GET"],
         response_model=None,
         responses=_CARD_DOC,  # type: ignore[arg-type]
-        summary="A2A agent card",
-        name=f"a2a_card{'' if card_path == CARD_PATHS[0] else '_legacy'}",
+        summary=summary,
+        name=summary.replace(" ", "_").lower(),
     )

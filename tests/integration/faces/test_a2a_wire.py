@@ -1,0 +1,158 @@
+"""The A2A face on the wire (FACES.md N-01, N-02): the agent card (1.0 and with 0.3 fields, ETag,
+Cache-Control, the service's auth as security schemes), the 0.3 method names, the caller's
+credentials, content types, and bodies no client should send: each answered in the binding's error
+shape, never a 500, nothing started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.integration.faces.a2a_support import ALICE, KEYS, V1
+from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
+    FakeLLM,
+    gated_llm_fixture,
+    redis_prefix_fixture,
+    start_service_fixture,
+)
+from tests.support.server import ServerThread
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def service(start_service: Callable[..., ServerThread]) -> ServerThread:
+    return start_service(redis=False, api_keys=KEYS, public_base_url="https://agents.example.com/")
+
+
+@pytest.fixture
+def http(service: ServerThread) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service.base_url, timeout=10) as client:
+        yield client
+
+
+def runs_of_alice(http: httpx.Client) -> int:
+    return len(http.get("/api/conversations", headers=ALICE).json()["items"])
+
+
+def test_the_agent_card_names_the_bindings_the_auth_and_revalidates(http: httpx.Client) -> None:
+    response = http.get("/.well-known/agent-card.json")  # public: no credentials
+    assert response.status_code == 200
+    card = response.json()
+    assert card["name"] == "AgentStream" and card["version"]
+    assert card["capabilities"]["streaming"] is True
+    interfaces = {(i["protocolBinding"], i["protocolVersion"]): i["url"] for i in card["supportedInterfaces"]}
+    assert interfaces == {
+        ("JSONRPC", "1.0"): "https://agents.example.com/a2a",
+        ("HTTP+JSON", "1.0"): "https://agents.example.com/a2a/rest",
+        ("JSONRPC", "0.3"): "https://agents.example.com/a2a",
+        ("HTTP+JSON", "0.3"): "https://agents.example.com/a2a/rest",
+    }
+    assert card["supportedInterfaces"][0]["protocolVersion"] == "1.0"  # preferred first
+    assert card["securitySchemes"] == {
+        "apiKey": {
+            "httpAuthSecurityScheme": {
+                "scheme": "Bearer",
+                "description": card["securitySchemes"]["apiKey"]["httpAuthSecurityScheme"]["description"],
+            }
+        }
+    }
+    assert card["securityRequirements"] == [{"schemes": {"apiKey": {}}}]
+    assert [s["id"] for s in card["skills"]] == ["default"]
+    # 1.0's schema allows no 0.3 field; the legacy path has them for older clients.
+    assert not {"url", "preferredTransport", "additionalInterfaces", "protocolVersion"} & card.keys()
+    legacy = http.get("/.well-known/agent.json").json()
+    assert (legacy["url"], legacy["preferredTransport"]) == ("https://agents.example.com/a2a", "JSONRPC")
+
+    etag = response.headers["etag"]
+    assert etag.startswith('W/"') and "max-age" in response.headers["cache-control"]
+    again = http.get("/.well-known/agent-card.json", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.headers["etag"] == etag and not again.content
+
+
+def test_the_0_3_method_names_go_through_the_sdk_compatibility_layer(http: httpx.Client) -> None:
+    body = {
+        "jsonrpc": "2.0",
+        "id": "old",
+        "method": "message/send",
+        "params": {
+            "message": {
+                "kind": "message",
+                "messageId": "m-03",
+                "role": "user",
+                "parts": [{"kind": "text", "text": "what is 6*7?"}],
+            }
+        },
+    }
+    answer = http.post("/a2a", json=body, headers=ALICE).json()  # 0.3 sends no A2A-Version
+    task = answer["result"]
+    assert task["kind"] == "task" and task["status"]["state"] == "completed", answer
+    got = http.post(
+        "/a2a",
+        json={"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task["id"]}},
+        headers=ALICE,
+    ).json()["result"]
+    assert got["id"] == task["id"] and got["artifacts"][0]["parts"][0]["text"]
+
+
+def test_credentials_are_the_services_own(http: httpx.Client) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}
+    for path, kwargs in (("/a2a", {"json": body}), ("/a2a/rest/tasks", {})):
+        method = http.post if path == "/a2a" else http.get
+        refused = method(path, headers=V1, **kwargs)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+        wrong = method(path, headers={**V1, "Authorization": "Bearer nope"}, **kwargs)
+        assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
+
+
+def test_bodies_no_client_should_send_are_the_bindings_errors_and_start_nothing(http: httpx.Client) -> None:
+    before = runs_of_alice(http)
+    headers = {**ALICE, **V1}
+    rpc = [
+        (b"{not json", "application/json", -32700),
+        (b"\xff\xfe\x00", "application/json", -32700),
+        (b"[" * 5000 + b"]" * 5000, "application/json", -32700),
+        (b"[]", "application/json", -32600),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": 5}}',
+            "application/json",
+            -32602,
+        ),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"parts": []}}}',
+            "application/json",
+            -32602,
+        ),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "Nope", "params": {}}', "application/json", -32601),
+        (b"{'jsonrpc': '2.0'}", "text/plain", -32005),
+    ]
+    for body, content_type, code in rpc:
+        response = http.post("/a2a", content=body, headers={**headers, "Content-Type": content_type})
+        assert response.status_code == 200, (body[:40], response.text)
+        assert response.json()["error"]["code"] == code, (body[:40], response.text)
+    nul = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "a\u0000b"}]}}
+    long_context = {
+        "message": {"messageId": "m", "role": "ROLE_USER", "contextId": "c" * 300, "parts": [{"text": "hi"}]}
+    }
+    rest = [
+        b"{not json",
+        b"\xff\xfe",
+        b'{"message": "no"}',
+        b'{"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {"decision": "maybe"}}]}}',
+        httpx.Request("POST", "/", json=nul).content,
+        httpx.Request("POST", "/", json=long_context).content,
+    ]
+    for body in rest:
+        response = http.post(
+            "/a2a/rest/message:send", content=body, headers={**headers, "Content-Type": "application/json"}
+        )
+        assert 400 <= response.status_code < 500, (body[:40], response.status_code, response.text)
+        assert response.headers["content-type"].startswith("application/json")
+        assert response.json()["error"]["status"], response.text
+    for query in ("pageSize=0", "pageSize=101", "pageToken=bogus", "historyLength=-1", "status=NOPE"):
+        response = http.get(f"/a2a/rest/tasks?{query}", headers=headers)
+        assert response.status_code < 500, (query, response.text)
+    assert runs_of_alice(http) == before
