@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +20,7 @@ from app.llm.models import ABILITY_NAMES
 from app.llm.providers import PROFILES
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./data/agentstream.db"
+
 
 def webhook_key(secret: str) -> bytes:
     """The HMAC key a ``WEBHOOK_SECRET`` names: Standard Webhooks' ``whsec_<base64>`` is the
@@ -31,6 +34,28 @@ def webhook_key(secret: str) -> bytes:
     if not key:
         raise ValueError("WEBHOOK_SECRET: the key after whsec_ is empty")
     return key
+
+
+def fetchable_url(url: str) -> bool:
+    """Whether the identity provider's keys may be fetched from ``url`` (FACES.md J-02): https, or
+    plain http to a loopback host (``localhost``, 127.0.0.0/8, ``::1``), which nobody else can
+    see or answer for."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+    except ValueError:
+        return False
+    scheme = parts.scheme.lower()
+    if scheme == "https":
+        return True
+    if scheme != "http" or not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+", re.IGNORECASE)
@@ -256,6 +281,12 @@ class Settings(BaseSettings):
         ):
             if url is not None and not re.match(r"https?://[^/?#\s]+", url):
                 raise ValueError(f"{name} must be an http(s) URL")
+            if url is not None and not fetchable_url(url):
+                # Whoever is on the path of plain http could hand out keys of their own.
+                raise ValueError(
+                    f"{name} must be an https URL: the signing keys must not come over plain http "
+                    "(http is taken for loopback hosts only: localhost, 127.0.0.0/8, ::1)"
+                )
         if not self.jwt_issuer:
             raise ValueError("access tokens need their issuer: set AUTH_JWT_ISSUER (or AUTH_OIDC_ISSUER)")
         if not self.jwt_audiences():
@@ -265,6 +296,18 @@ class Settings(BaseSettings):
             )
         if not self.auth_jwt_owner_claim.strip():
             raise ValueError("AUTH_JWT_OWNER_CLAIM must name a claim")
+        return self
+
+    @model_validator(mode="after")
+    def _no_open_single_user(self) -> Settings:
+        """``CORS_ALLOW_ORIGINS=*`` on a service that authenticates nobody would let any web page
+        a user opens drive it, with its tools, in their name (FACES.md J-04)."""
+        if "*" in self.cors_origins() and not self.sign_in and not self.owner_keys():
+            raise ValueError(
+                "CORS_ALLOW_ORIGINS=* needs API_KEYS or sign-in (AUTH_JWT_JWKS_URL / AUTH_OIDC_ISSUER): "
+                "without them the service is single-user and any website could call it; "
+                "name the origins of your web app instead"
+            )
         return self
 
     @property

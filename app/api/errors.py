@@ -13,6 +13,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.db.errors import ConversationNotFoundError, database_unreachable
 from app.errors import ServiceError
@@ -73,6 +74,35 @@ def _is_outage(exc: Exception) -> bool:
 def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", extra={"path": request.url.path}, exc_info=exc)
     return error_response(500, "internal_error", "internal error")
+
+
+class InternalErrors:
+    """Answers an exception no handler took with the 500 of ``_internal_error``, from inside the
+    middleware it is put under (``app.api.cors``): Starlette answers it from its outermost layer,
+    outside every middleware, so a browser app would see no CORS headers, only "Failed to fetch".
+    An exception after the response started (a stream cut short) goes on as it came."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            await _internal_error(Request(scope), exc)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

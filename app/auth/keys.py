@@ -11,8 +11,12 @@ of ``AUTH_OIDC_ISSUER``'s discovery document, over httpx (async: the event loop 
   refetch storm;
 - a fetch that fails keeps the keys already cached: tokens keep working while the provider is down.
 
-Fetches never overlap: whoever needs one while one is under way waits for that one. Only public
-RS256, ES256 and EdDSA keys that have a ``kid`` are kept.
+Fetches never overlap: whoever needs one while one is under way waits for that one, but a request
+waits at most ``REQUEST_WAIT_S`` (a provider that takes connections and never answers holds no
+request for the fetch's own timeout). Only public RS256, ES256 and EdDSA keys that have a ``kid``
+are kept, by ``kid`` and algorithm. Keys come over https only (plain http to a loopback host
+aside), redirects are not followed, and a discovery document naming an http ``jwks_uri`` is
+refused.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from typing import Any, Literal
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
-from jwt import PyJWK, PyJWTError
+from jwt import PyJWK
 
 from app.observability import Metrics
+from app.settings import fetchable_url
 
 log = logging.getLogger("app.auth")
 
@@ -40,6 +45,8 @@ REFRESH_S = 600.0
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
 """Back-off of the background task's tries while the provider cannot be reached."""
 FETCH_TIMEOUT_S = 10.0
+REQUEST_WAIT_S = 2.0
+"""The longest a request waits for a fetch of the keys (the fetch itself goes on for the others)."""
 MAX_DOCUMENT_BYTES = 512 * 1024
 MIN_RSA_BITS = 2048
 _PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "k"})
@@ -59,25 +66,43 @@ class _FetchError(Exception):
     pass
 
 
-def usable_keys(document: Any) -> dict[str, PyJWK]:
-    """The signing keys of a JWK set by ``kid``: public RS256 (2048 bits or more), ES256 or EdDSA."""
+KeySet = dict[str, dict[str, PyJWK]]
+"""The signing keys by ``kid``, then by algorithm: RFC 7517 4.5 lets keys of different types share
+a ``kid``, and a token's header names both."""
+
+
+def usable_keys(document: Any) -> KeySet:
+    """The signing keys of a JWK set by ``kid`` and algorithm: public RS256 (2048 bits or more),
+    ES256 or EdDSA. A key PyJWK cannot load is skipped, not the set; of keys with the same ``kid``
+    and algorithm the first is taken (a warning says so)."""
     if not isinstance(document, Mapping) or not isinstance(document.get("keys"), list):
         raise _FetchError("the document is not a JWK set (no 'keys' list)")
-    keys: dict[str, PyJWK] = {}
+    keys: KeySet = {}
     for jwk in document["keys"]:
         if not isinstance(jwk, dict) or not isinstance(jwk.get("kid"), str) or not jwk["kid"]:
             continue
+        kid: str = jwk["kid"]
         if jwk.get("use", "sig") != "sig" or jwk.get("kty") == "oct" or _PRIVATE_MEMBERS & jwk.keys():
             continue  # an encryption key, a shared secret, or a private key published by mistake
         try:
             key = PyJWK(jwk)
-        except PyJWTError:
-            continue  # a key type or curve this service does not take
+        except Exception:
+            # A key type or curve this service does not take (PyJWTError), or one PyJWK fails on
+            # otherwise ("alg": "none" raises NotImplementedError): that key only is left out.
+            log.info("a key of the JWK set is skipped: it cannot be loaded", extra={"kid": kid[:100]})
+            continue
         if key.algorithm_name not in ALGORITHMS:
             continue
         if isinstance(key.key, RSAPublicKey) and key.key.key_size < MIN_RSA_BITS:
             continue
-        keys[jwk["kid"]] = key
+        of_kid = keys.setdefault(kid, {})
+        if key.algorithm_name in of_kid:
+            log.warning(
+                "the JWK set holds two keys of the same kid and algorithm: the first is taken",
+                extra={"kid": kid[:100], "alg": key.algorithm_name},
+            )
+            continue
+        of_kid[key.algorithm_name] = key
     if not keys:
         raise _FetchError("the JWK set holds no usable signing key (RS256, ES256 or EdDSA, with a kid)")
     return keys
@@ -104,13 +129,18 @@ class SigningKeys:
         self._refetch_s = refetch_s
         self._metrics = metrics
         self._clock = clock
+        for url in (jwks_url, oidc_issuer):
+            if url and not fetchable_url(url):
+                raise ValueError(f"signing keys come over https only (http to a loopback host aside): {url}")
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=FETCH_TIMEOUT_S,
-            follow_redirects=True,
+            # A redirect could lead to plain http or to another host: an answer other than 200
+            # is a failed fetch.
+            follow_redirects=False,
             headers={"Accept": "application/json"},
         )
-        self._keys: dict[str, PyJWK] = {}
+        self._keys: KeySet = {}
         self._last_fetch_ok = False
         self._last_refetch: float | None = None
         self._inflight: asyncio.Task[bool] | None = None
@@ -131,25 +161,40 @@ class SigningKeys:
             return "not_loaded"
         return "ok" if self._last_fetch_ok else "stale"
 
-    async def key(self, kid: str) -> PyJWK:
-        """The key of ``kid``; fetches the set again if it is unknown and no refetch was made in the
-        last ``refetch_s``. Raises ``UnknownKeyError``, or ``KeysNotLoadedError`` while none is."""
-        key = self._keys.get(kid)
+    async def key(self, kid: str, alg: str | None = None) -> PyJWK:
+        """The key of ``kid`` for ``alg`` (if ``kid`` names none for ``alg``, one of another: the
+        caller refuses its algorithm); fetches the set again if ``kid`` is unknown and no refetch
+        was made in the last ``refetch_s``, waiting for it at most ``REQUEST_WAIT_S``. Raises
+        ``UnknownKeyError``, or ``KeysNotLoadedError`` while none is."""
+        key = self._pick(kid, alg)
         if key is not None:
             return key
         now = self._clock()
         if self._last_refetch is None or now - self._last_refetch >= self._refetch_s:
             self._last_refetch = now
-            await self._fetch()
-        elif self._inflight is not None and not self._inflight.done():
-            # A fetch is under way (a rotated key's first tokens come together): its keys decide.
-            await asyncio.shield(self._inflight)
-        key = self._keys.get(kid)
+            self._start_fetch()
+        # A fetch under way (a rotated key's first tokens come together) decides, if it is quick.
+        await self._wait_fetch()
+        key = self._pick(kid, alg)
         if key is not None:
             return key
         if not self._keys:
             raise KeysNotLoadedError
         raise UnknownKeyError
+
+    def _pick(self, kid: str, alg: str | None) -> PyJWK | None:
+        of_kid = self._keys.get(kid)
+        if not of_kid:
+            return None
+        return of_kid.get(alg or "") or next(iter(of_kid.values()))
+
+    async def _wait_fetch(self) -> None:
+        """Waits for the fetch under way, if any, at most ``REQUEST_WAIT_S``: it goes on after."""
+        inflight = self._inflight
+        if inflight is None or inflight.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(inflight), REQUEST_WAIT_S)
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -178,10 +223,14 @@ class SigningKeys:
 
     async def _fetch(self) -> bool:
         """One fetch of the set, shared by whoever asks while it is under way; False if it failed."""
+        # Shielded: a request that goes away does not cancel the fetch the others wait for.
+        return await asyncio.shield(self._start_fetch())
+
+    def _start_fetch(self) -> asyncio.Task[bool]:
+        """The fetch under way, or a new one."""
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.create_task(self._fetch_once(), name="signing-keys-fetch")
-        # Shielded: a request that goes away does not cancel the fetch the others wait for.
-        return await asyncio.shield(self._inflight)
+        return self._inflight
 
     async def _fetch_once(self) -> bool:
         try:
@@ -217,13 +266,16 @@ class SigningKeys:
                 f"{url} names the issuer {issuer!r}, not AUTH_OIDC_ISSUER {self._oidc_issuer!r}"
             )
         jwks_url: str = document["jwks_uri"]
+        if not fetchable_url(jwks_url):
+            raise _FetchError(f"{url} names a jwks_uri that is not https: {jwks_url[:200]}")
         self._discovered_issuer, self._jwks_url = issuer, jwks_url
         return jwks_url
 
     async def _get_json(self, url: str) -> Any:
         async with self._http.stream("GET", url) as response:
             if response.status_code != 200:
-                raise _FetchError(f"{url} answered {response.status_code}")
+                redirect = " (redirects are not followed)" if response.is_redirect else ""
+                raise _FetchError(f"{url} answered {response.status_code}{redirect}")
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk

@@ -9,6 +9,7 @@ Refusals say why for the developer of the app, and never hold the token nor any 
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import jwt
@@ -59,7 +60,7 @@ class TokenVerifier:
         if not isinstance(kid, str) or not kid:
             raise InvalidTokenError("unknown_key", "the access token's header names no signing key (kid)")
         try:
-            key = await self._keys.key(kid)
+            key = await self._keys.key(kid, alg)
         except UnknownKeyError:
             raise InvalidTokenError(
                 "unknown_key",
@@ -130,12 +131,19 @@ class TokenVerifier:
 
     def _owner_of(self, claims: dict[str, Any]) -> str:
         value = claims.get(self._owner_claim)
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if not isinstance(value, str) or not value.strip():
+        if value is None or (isinstance(value, str) and not value.strip()):
             raise InvalidTokenError(
                 "owner_claim",
                 f"the access token has no {self._owner_claim} claim naming its user (AUTH_JWT_OWNER_CLAIM)",
+            )
+        # The owner is stored and compared as text: a number or a list is not taken for one (42
+        # and "42" would be the same owner), nor text with control characters (a NUL is no
+        # PostgreSQL text) or lone surrogates (no UTF-8).
+        if not isinstance(value, str) or any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+            raise InvalidTokenError(
+                "owner_claim",
+                f"the access token's {self._owner_claim} claim is unusable as its user: it must be "
+                "text without control characters (AUTH_JWT_OWNER_CLAIM)",
             )
         if len(value) > MAX_OWNER_CHARS:
             raise InvalidTokenError(

@@ -4,7 +4,8 @@
 (``/realms/test/.well-known/openid-configuration``) and a JWK set (``/realms/test/jwks``) from a
 thread, with keys generated here (RSA, P-256, Ed25519) and tokens signed here with PyJWT, as a real
 provider signs them. It counts the JWK set's fetches (``jwks_fetches``, ``wait_fetches(n)``), can be
-stopped and started again on its port (the provider down), and publishes whatever keys a test
+stopped and started again on its port (the provider down), can take requests and never answer
+them (``hang()``: a provider stuck behind its load balancer), and publishes whatever keys a test
 says (rotation). ``forge`` makes what no provider would: ``alg: none``, HS256 keyed with the public
 key, any header or signature.
 """
@@ -93,6 +94,9 @@ class IdentityProvider:
         self._published: list[SigningKey] = [self.key]
         self._fetches = 0
         self._discoveries = 0
+        self._held = 0
+        self._hanging = False
+        self._hung_up = threading.Event()
         self._changed = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -170,6 +174,18 @@ class IdentityProvider:
         with self._changed:
             return self._discoveries
 
+    @property
+    def held(self) -> int:
+        """Requests taken while hanging (and never answered)."""
+        with self._changed:
+            return self._held
+
+    def hang(self) -> None:
+        """From now on every request is taken and never answered: its connection stays open, with
+        no byte of an answer, until ``stop()`` (which closes it)."""
+        self._hung_up.clear()
+        self._hanging = True
+
     def wait_fetches(self, count: int, timeout: float = 10.0) -> None:
         """Waits until the JWK set was fetched at least ``count`` times."""
         with self._changed:
@@ -185,6 +201,13 @@ class IdentityProvider:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if provider._hanging:
+                    with provider._changed:
+                        provider._held += 1
+                        provider._changed.notify_all()
+                    provider._hung_up.wait(timeout=120)  # bounded, should stop() never come
+                    self.close_connection = True
+                    return
                 if self.path == f"{REALM}/.well-known/openid-configuration":
                     body: Any = {
                         "issuer": provider.issuer,
@@ -221,7 +244,10 @@ class IdentityProvider:
         return self
 
     def stop(self) -> None:
-        """Down: connections to its port are refused until ``start()``."""
+        """Down: connections to its port are refused until ``start()``; requests it holds (``hang()``)
+        are let go, unanswered."""
+        self._hanging = False
+        self._hung_up.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -54,10 +54,66 @@ def test_an_incomplete_sign_in_stops_the_start(values: dict[str, Any], says: str
 def test_cors_origins_are_origins_and_a_star_stands_alone() -> None:
     s = settings(cors_allow_origins=" https://app.test/ ,http://localhost:3000")
     assert s.cors_origins() == ["https://app.test", "http://localhost:3000"]
-    assert settings(cors_allow_origins="https://app.test,*").cors_origins() == ["*"]
+    assert settings(cors_allow_origins="https://app.test,*", api_keys="a:k").cors_origins() == ["*"]
 
 
 @pytest.mark.parametrize("value", ["https://app.test/path", "app.test", "https://app.test:3000/#x", "null"])
 def test_a_cors_origin_that_is_no_origin_stops_the_start(value: str) -> None:
     with pytest.raises(ValidationError, match="CORS_ALLOW_ORIGINS"):
         settings(cors_allow_origins=value)
+
+
+@pytest.mark.parametrize("value", ["*", "https://app.test, *"])
+def test_any_origin_on_a_single_user_service_stops_the_start(value: str) -> None:
+    # No API keys, no sign-in: any web page the user opens could drive the service.
+    with pytest.raises(ValidationError, match=r"CORS_ALLOW_ORIGINS=\* needs API_KEYS or sign-in"):
+        settings(cors_allow_origins=value)
+    with pytest.raises(ValidationError, match=r"CORS_ALLOW_ORIGINS=\* needs API_KEYS"):
+        settings(cors_allow_origins=value, api_keys=" , ")  # no key in it: single-user all the same
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"api_keys": "alice:key-of-alice"},
+        {"auth_oidc_issuer": "https://idp.test/", "auth_jwt_audience": "api"},
+    ],
+)
+def test_any_origin_goes_with_api_keys_or_sign_in(values: dict[str, Any]) -> None:
+    assert settings(cors_allow_origins="*", **values).cors_origins() == ["*"]
+
+
+def test_listed_origins_go_with_a_single_user_service() -> None:
+    assert settings(cors_allow_origins="http://localhost:3000").cors_origins() == ["http://localhost:3000"]
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("AUTH_JWT_JWKS_URL", "http://idp.test/jwks"),
+        ("AUTH_JWT_JWKS_URL", "http://127.0.0.1.idp.test/jwks"),
+        ("AUTH_JWT_JWKS_URL", "http://localhost.idp.test/jwks"),
+        ("AUTH_JWT_JWKS_URL", "http://10.0.0.5/jwks"),
+        ("AUTH_OIDC_ISSUER", "http://idp.test/realms/r"),
+    ],
+)
+def test_keys_over_plain_http_off_loopback_stop_the_start(name: str, url: str) -> None:
+    values = {name.lower(): url, "auth_jwt_issuer": "https://idp.test/", "auth_jwt_audience": "api"}
+    with pytest.raises(ValidationError, match=f"{name} must be an https URL"):
+        settings(**values)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://idp.test/jwks",
+        "http://127.0.0.1:8080/jwks",
+        "http://127.1.2.3/jwks",
+        "http://localhost:8080/jwks",
+        "http://LOCALHOST/jwks",
+        "http://[::1]:8080/jwks",
+    ],
+)
+def test_keys_over_https_or_loopback_http_are_taken(url: str) -> None:
+    s = settings(auth_jwt_jwks_url=url, auth_jwt_issuer="https://idp.test/", auth_jwt_audience="api")
+    assert s.auth_jwt_jwks_url == url

@@ -95,11 +95,11 @@ def error_body(exc: ServiceError, param: str | None = None) -> dict[str, Any]:
 
 
 def error_response(exc: ServiceError, param: str | None = None) -> JSONResponse:
-    headers: dict[str, str] = {}
+    # The error's own headers: WWW-Authenticate, with why a token was refused (J-03); the
+    # Retry-After of a 503 (sign-in unavailable, shutting down) or a 429.
+    headers = dict(exc.headers)
     status = exc.status
-    if isinstance(exc, UnauthorizedError):
-        headers.update(exc.headers)  # WWW-Authenticate, with why a token was refused (J-03)
-    elif isinstance(exc, InvalidInputError):
+    if isinstance(exc, InvalidInputError):
         status = 400  # OpenAI answers every request it cannot take with 400
     elif isinstance(exc, RunCancelledError):
         headers["x-should-retry"] = "false"  # OpenAI clients retry 409 unless told not to

@@ -1,16 +1,18 @@
 """CORS (FACES.md J-04) through the real service: preflights of every route and face, from allowed and
-refused origins, with the headers a browser app sends; credentials; the headers of answers, refusals
-and streams. A page of another origin reading a stream in Chromium is in tests/browser/test_sign_in.py.
+refused origins, with the headers a browser app sends; credentials; the headers of answers, refusals,
+unexpected 500s and streams. A page of another origin reading a stream in Chromium is in
+tests/browser/test_sign_in.py.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.responses import StreamingResponse
 
 from app.settings import Settings
 from tests.integration.service.conftest import Service, ServiceFactory
@@ -169,3 +171,53 @@ def test_cors_is_off_unless_configured_and_a_star_never_goes_with_credentials(
     assert answer.status_code == 200
     for response in (allowed, answer):
         assert "access-control-allow-origin" not in response.headers
+
+
+def test_an_unexpected_500_carries_the_origin_so_the_page_can_read_it(
+    sqlite_migrated_template: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "agentstream.db"
+    shutil.copyfile(sqlite_migrated_template, path)
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        database_url=f"sqlite+aiosqlite:///{path}",
+        api_keys=f"alice:{API_KEY}",
+        llm_base_url=None,
+        shutdown_grace_s=0,
+        log_level="CRITICAL",
+        cors_allow_origins=APP,
+    )
+    server = ServerThread(settings)
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    async def broken_stream() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"data: first\n\n"
+            raise RuntimeError("a bug, after the answer started")
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    # Only in this test's app: routes that fail as a bug would.
+    server.app.add_api_route("/test-only/broken", broken)
+    server.app.add_api_route("/test-only/broken-stream", broken_stream)
+    server.start()
+    try:
+        with httpx.Client(base_url=server.base_url, headers={"Origin": APP}, timeout=5) as page:
+            failed = page.get("/test-only/broken")
+            assert failed.status_code == 500
+            assert failed.json() == {"error": {"code": "internal_error", "message": "internal error"}}
+            assert failed.headers["access-control-allow-origin"] == APP
+            assert failed.headers["access-control-allow-credentials"] == "true"
+            # A stream that fails once started is cut short as before (no second answer).
+            with pytest.raises(httpx.RemoteProtocolError):
+                with page.stream("GET", "/test-only/broken-stream") as response:
+                    assert response.status_code == 200
+                    response.read()
+            assert page.get("/healthz").status_code == 200
+        stranger = httpx.get(f"{server.base_url}/test-only/broken", headers={"Origin": STRANGER}, timeout=5)
+        assert stranger.status_code == 500
+        assert "access-control-allow-origin" not in stranger.headers
+    finally:
+        server.stop()

@@ -5,7 +5,8 @@ Tokens of two users are kept apart, on every route, face and the stream's ``?acc
 API keys; every check of J-02 refuses its token with a 401 that says why and never holds the token,
 counted by reason; the keys are fetched again for an unknown ``kid`` once, then not for 30 s; a
 rotated key is taken without a restart; cached keys work while the provider is down; the service
-starts while it is down; ``/readyz`` says whether the keys could be loaded.
+starts while it is down; a provider that never answers holds a request a moment only; ``/readyz``
+says whether the keys could be loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.auth import keys as keys_module
 from app.settings import Settings
 from tests.integration.service.conftest import LogRecorder, Service, ServiceFactory
 from tests.support.identity_provider import IdentityProvider, SigningKey, forge, hs256_with, new_key
@@ -260,6 +262,8 @@ REFUSED: dict[str, tuple[Callable[[IdentityProvider], str], str, str]] = {
     "no expiry": (lambda idp: idp.token(user(), exp=None), "claims", "has no exp claim"),
     "no owner claim": (lambda idp: idp.token(None), "owner_claim", "has no sub claim"),
     "empty owner claim": (lambda idp: idp.token(""), "owner_claim", "has no sub claim"),
+    "owner claim with a NUL": (lambda idp: idp.token("user\x00a"), "owner_claim", "sub claim is unusable"),
+    "owner claim with a newline": (lambda idp: idp.token("user\na"), "owner_claim", "sub claim is unusable"),
     "alg none": (
         lambda idp: forge({"alg": "none", "kid": idp.key.kid, "typ": "JWT"}, idp.claims(user())),
         "algorithm",
@@ -438,6 +442,11 @@ def test_the_service_starts_while_the_provider_is_down_and_takes_tokens_once_it_
         assert early.headers["retry-after"]
         assert token not in early.text
         assert failures(svc.base_url) == {"keys_unavailable": 1}
+        with client(svc, token) as http:
+            openai = http.get("/v1/models")  # in OpenAI's shape, with the same Retry-After
+        assert openai.status_code == 503
+        assert openai.json()["error"]["code"] == "sign_in_unavailable"
+        assert openai.headers["retry-after"] == early.headers["retry-after"]
 
         idp.start()
         wait_keys(svc.base_url, "ok", timeout=30)  # the background task tries again, backing off
@@ -458,3 +467,40 @@ def test_the_keys_are_found_through_the_issuer_s_discovery_document(
     wrong = own_idp.token(user(), iss="https://other.test/")
     with client(svc, wrong) as http:
         assert_refused(http.get("/api/conversations"), wrong, own_idp.issuer)
+
+
+def test_a_provider_that_takes_requests_and_never_answers_holds_a_request_a_moment_only(
+    service: ServiceFactory, own_idp: IdentityProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keys_module, "REQUEST_WAIT_S", 0.2, raising=False)
+    within = keys_module.FETCH_TIMEOUT_S / 2  # a request that waited for the fetch times out
+    own_idp.hang()
+    svc = service(api_keys=f"alice:{API_KEY}", **own_idp.settings())
+    wait_until(lambda: own_idp.held == 1, what="the first fetch of the keys, held")
+    token = own_idp.token(user())
+    with httpx.Client(base_url=svc.base_url, headers=bearer(token), timeout=within) as http:
+        early = http.get("/api/conversations")
+        openai = http.get("/v1/models")
+    assert early.status_code == 503
+    assert early.json()["error"]["code"] == "sign_in_unavailable"
+    assert openai.status_code == 503
+    assert openai.headers["retry-after"]
+    with client(svc, API_KEY) as alice:
+        assert alice.get("/api/conversations").status_code == 200
+    assert own_idp.held == 1  # the requests joined the fetch under way, which goes on
+    assert httpx.get(f"{svc.base_url}/readyz", timeout=5).json()["checks"]["signing_keys"] == "not_loaded"
+
+
+def test_an_unknown_kid_waits_a_moment_only_for_a_refetch_that_is_never_answered(
+    service: ServiceFactory, own_idp: IdentityProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keys_module, "REQUEST_WAIT_S", 0.2, raising=False)
+    within = keys_module.FETCH_TIMEOUT_S / 2
+    svc = service(**own_idp.settings())
+    wait_keys(svc.base_url, "ok")
+    own_idp.hang()
+    rotated = own_idp.token(user(), key=new_key("RS256", "rotated"))
+    with httpx.Client(base_url=svc.base_url, headers=bearer(rotated), timeout=within) as http:
+        assert_refused(http.get("/api/conversations"), rotated, "unknown kid")
+    with httpx.Client(base_url=svc.base_url, headers=bearer(own_idp.token(user())), timeout=within) as http:
+        assert http.get("/api/conversations").status_code == 200  # the cached keys serve meanwhile

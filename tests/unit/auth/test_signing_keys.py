@@ -1,10 +1,13 @@
 """``SigningKeys`` against a JWK set served through httpx's mock transport, on a clock the test moves:
 refetches on unknown kids at most once per interval, one fetch for many waiters, cached keys kept
-while the provider fails, discovery, and which keys of a set are taken."""
+while the provider fails, discovery, and which keys of a set are taken. Against a real provider on
+127.0.0.1 that takes requests and never answers: a request waits for it a moment only. Keys come
+over https (or loopback http) only, without redirects."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,8 +16,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
+from app.auth import keys as keys_module
 from app.auth.keys import KeysNotLoadedError, SigningKeys, UnknownKeyError, usable_keys
-from tests.support.identity_provider import new_key
+from tests.support.identity_provider import IdentityProvider, new_key
 
 JWKS_URL = "https://idp.test/jwks"
 ISSUER = "https://idp.test/"
@@ -237,3 +241,141 @@ def test_only_public_signing_keys_of_the_pinned_algorithms_with_a_kid_are_taken(
     assert sorted(usable_keys(document)) == ["ec", "ed", "rsa"]
     with pytest.raises(Exception, match="no usable signing key"):
         usable_keys({"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "hmac"}]})
+
+
+def test_a_key_pyjwk_fails_on_otherwise_is_skipped_not_the_whole_set(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # PyJWK raises NotImplementedError (no PyJWTError) for "alg": "none".
+    unloadable = {**new_key("RS256").jwk(), "kid": "kid-of-none", "alg": "none"}
+    with caplog.at_level(logging.INFO, logger="app.auth"):
+        assert sorted(usable_keys({"keys": [unloadable, new_key("ES256", "ec").jwk()]})) == ["ec"]
+    skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert [getattr(r, "kid", None) for r in skipped] == ["kid-of-none"]
+
+
+async def test_keys_sharing_a_kid_are_told_apart_by_algorithm_and_a_duplicate_is_not_taken(
+    make_keys: Callable[..., SigningKeys], provider: Provider, caplog: pytest.LogCaptureFixture
+) -> None:
+    rsa_key, ec_key = new_key("RS256", "shared"), new_key("ES256", "shared")
+    duplicate = new_key("RS256", "shared")  # the same kid and algorithm again: the first stays
+    provider.keys = [rsa_key, ec_key, duplicate]
+    with caplog.at_level(logging.WARNING, logger="app.auth"):
+        keys = await loaded(make_keys)
+    assert any("same kid and algorithm" in r.getMessage() for r in caplog.records)
+
+    def public(key: Any) -> Any:
+        return key.private.public_key().public_numbers()
+
+    assert (await keys.key("shared", "ES256")).key.public_numbers() == public(ec_key)
+    assert (await keys.key("shared", "RS256")).key.public_numbers() == public(rsa_key)
+    # A kid known for other algorithms only: one of its keys (the verifier refuses the algorithm).
+    assert (await keys.key("shared", "EdDSA")).algorithm_name in ("RS256", "ES256")
+    assert provider.fetches == 1
+
+
+async def test_a_redirect_is_a_failed_fetch_not_followed(make_keys: Callable[..., SigningKeys]) -> None:
+    asked: list[str] = []
+
+    async def redirecting(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        if request.url.path == "/jwks":
+            return httpx.Response(302, headers={"Location": "http://idp.test/plain-jwks"})
+        return httpx.Response(200, json={"keys": [new_key("RS256", "k1").jwk()]})
+
+    keys = SigningKeys(jwks_url=JWKS_URL, transport=httpx.MockTransport(redirecting))
+    try:
+        assert not await keys._fetch()
+        assert keys.state == "not_loaded"
+        assert asked == [JWKS_URL]
+    finally:
+        await keys.aclose()
+
+
+@pytest.mark.parametrize(
+    "jwks_uri", ["http://idp.test/jwks", "ftp://idp.test/jwks", "http://127.0.0.1.idp.test/"]
+)
+async def test_a_discovery_document_naming_plain_http_keys_loads_nothing(
+    make_keys: Callable[..., SigningKeys], provider: Provider, jwks_uri: str
+) -> None:
+    provider.jwks_uri = jwks_uri
+    keys = make_keys(jwks_url=None, oidc_issuer=ISSUER)
+    assert not await keys._fetch()
+    assert keys.state == "not_loaded"
+    assert provider.fetches == 0  # the http URL was never asked
+
+
+@pytest.mark.parametrize(
+    "jwks_uri", ["http://127.0.0.1:8080/jwks", "http://localhost/jwks", "http://[::1]/jwks"]
+)
+async def test_a_discovery_document_may_name_loopback_http_keys(
+    make_keys: Callable[..., SigningKeys], provider: Provider, jwks_uri: str
+) -> None:
+    provider.jwks_uri = jwks_uri
+    keys = await loaded(make_keys, jwks_url=None, oidc_issuer=ISSUER)
+    assert (await keys.key("k1")).key_id == "k1"
+
+
+@pytest.mark.parametrize(
+    "configured",
+    [{"jwks_url": "http://idp.test/jwks"}, {"jwks_url": None, "oidc_issuer": "http://idp.test/"}],
+)
+def test_plain_http_keys_off_loopback_are_refused_when_made(configured: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="https only"):
+        SigningKeys(**configured)
+
+
+# ---- a provider that takes requests and never answers (a real socket on 127.0.0.1) --------------
+
+WAIT_S = 0.2
+"""``REQUEST_WAIT_S`` in these tests; the fetch itself would wait ``FETCH_TIMEOUT_S`` (10 s)."""
+WITHIN_S = 5.0
+"""What the tests allow a request: half the fetch's own timeout, so a request that waited for the
+fetch fails them."""
+
+
+@pytest.fixture
+def hanging_idp(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(keys_module, "REQUEST_WAIT_S", WAIT_S, raising=False)
+    assert keys_module.FETCH_TIMEOUT_S >= 2 * WITHIN_S
+    with IdentityProvider() as idp:
+        yield idp
+
+
+async def test_before_keys_load_a_request_waits_a_moment_for_a_provider_that_never_answers(
+    hanging_idp: IdentityProvider,
+) -> None:
+    hanging_idp.hang()
+    keys = SigningKeys(jwks_url=hanging_idp.jwks_url)
+    try:
+        keys.start()
+        await until(lambda: hanging_idp.held == 1)  # the first fetch is under way, unanswered
+        async with asyncio.timeout(WITHIN_S):
+            with pytest.raises(KeysNotLoadedError):
+                await keys.key(hanging_idp.key.kid)
+            with pytest.raises(KeysNotLoadedError):
+                await keys.key(hanging_idp.key.kid)  # a second one alike
+        assert hanging_idp.held == 1  # both joined the fetch under way; it goes on
+        assert keys.state == "not_loaded"
+    finally:
+        await keys.aclose()
+
+
+async def test_an_unknown_kid_waits_a_moment_for_a_refetch_that_is_never_answered(
+    hanging_idp: IdentityProvider,
+) -> None:
+    keys = SigningKeys(jwks_url=hanging_idp.jwks_url)
+    try:
+        assert await keys._fetch()
+        hanging_idp.hang()
+        async with asyncio.timeout(WITHIN_S):
+            with pytest.raises(UnknownKeyError):
+                await keys.key("rotated-1")  # starts the refetch, which never ends
+            await until(lambda: hanging_idp.held == 1)
+            with pytest.raises(UnknownKeyError):
+                await keys.key("rotated-2")  # no refetch of its own: waits for that one
+            assert (await keys.key(hanging_idp.key.kid)).key_id == hanging_idp.key.kid
+        assert hanging_idp.held == 1
+        assert keys.state == "ok"  # the refetch has not failed (yet): nothing changed
+    finally:
+        await keys.aclose()
