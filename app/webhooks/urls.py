@@ -114,9 +114,11 @@ class UrlPolicy:
         try:
             parsed = httpx.URL(url)
             host = parsed.raw_host.decode("ascii")
-            parsed.port  # noqa: B018 - an invalid port raises here
+            port = parsed.port
         except (httpx.InvalidURL, ValueError, UnicodeError):
             raise WebhookRefusedError("not a valid URL") from None
+        if port is not None and not 0 < port < 65536:
+            raise WebhookRefusedError("not a valid URL: its port is out of range")
         if parsed.scheme not in ("http", "https"):
             raise WebhookRefusedError("only http and https URLs are taken")
         if parsed.userinfo:

@@ -10,6 +10,7 @@ where nothing is sent.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_service_fixture,
 )
 from tests.support.fake_agents import ToolAgentBehaviour
+from tests.support.node import run_node
 from tests.support.server import ServerThread, wait_until
 from tests.support.webhook_receiver import WebhookReceiver
 
@@ -213,3 +215,24 @@ def test_a_delivery_to_an_address_refused_now_is_given_up_and_nothing_is_sent(
     assert row.attempts == 1 and row.delivered_at is None
     assert row.last_error is not None and "loopback" in row.last_error and "/hook" not in row.last_error
     assert deliveries(api)[("run", "refused")] == 1
+
+
+def test_the_readmes_node_snippet_verifies_a_delivery_and_refuses_a_changed_one(
+    start_service: Callable[..., ServerThread], clients: Callable[..., Api]
+) -> None:
+    api = clients(start_service(redis=False, **LOOPBACK).base_url)
+    with WebhookReceiver() as receiver:
+        run_id = start_with_webhook(api, api.create_conversation(), receiver.url)
+        (delivery,) = receiver.wait_accepted(1)
+
+    def verify(body: bytes, secret: str = SECRET) -> Any:
+        env = {
+            "WEBHOOK_SECRET": secret,
+            "WEBHOOK_BODY_B64": base64.b64encode(body).decode(),
+            "WEBHOOK_HEADERS": json.dumps(delivery.headers),
+        }
+        return run_node("webhook_verify.mjs", env, timeout=30)
+
+    assert verify(delivery.body) == {"valid": True, "record": api.run(run_id)}
+    assert verify(delivery.body.replace(b"completed", b"cancelled"))["valid"] is False
+    assert verify(delivery.body, "whsec_" + base64.b64encode(b"another key").decode())["valid"] is False
