@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The official A2A TCK (a2a-tck, its 1.0 line) at level `must` against a service this script starts
 # (FACES.md N-08): single-user (the TCK sends no credentials), SQLite in a temporary folder, the
-# in-process bus, the offline demo model, and WEBHOOK_ALLOWED_HOSTS on loopback, so that nothing
-# (the TCK's push tests register example.com webhooks) is ever sent off this machine.
+# in-process bus, the offline demo model, and WEBHOOK_ALLOWED_HOSTS=127.0.0.1, so that nothing is
+# ever sent off this machine (the TCK's push tests register example.com webhooks: refused); with
+# WEBHOOK_ALLOW_PRIVATE on, so that the TCK's own receiver on 127.0.0.1 can be posted to.
 #
 #   A2A_TCK_DIR=/path/to/a2a-tck bash scripts/a2a_tck.sh [extra run_tck.py arguments]
 #
@@ -48,7 +49,7 @@ trap stop EXIT
 
 env -i PATH="$PATH" HOME="${HOME:-/tmp}" \
   DATABASE_URL="sqlite+aiosqlite:///$WORK/agentstream.db" \
-  WEBHOOK_ALLOWED_HOSTS=127.0.0.1 \
+  WEBHOOK_ALLOWED_HOSTS=127.0.0.1 WEBHOOK_ALLOW_PRIVATE=true WEBHOOK_RETRY_S=0.2 \
   DEMO_DELAY_S=0.005 SHUTDOWN_GRACE_S=1 LOG_LEVEL=WARNING \
   "$ROOT/.venv/bin/uvicorn" app.main:create_app --factory --host 127.0.0.1 --port "$PORT" \
   >"$WORK/service.log" 2>&1 &
@@ -63,7 +64,9 @@ done
 curl -fs "$BASE/.well-known/agent-card.json" >/dev/null
 
 set +e
-(cd "$TCK" && .venv/bin/python run_tck.py --sut-host "$BASE" --level "$LEVEL" --transport "$TRANSPORT" "$@")
+# The TCK's webhook receiver listens on this machine: its URLs name 127.0.0.1, the one host taken.
+(cd "$TCK" && .venv/bin/python run_tck.py --sut-host "$BASE" --level "$LEVEL" --transport "$TRANSPORT" "$@" \
+  -- --webhook-host=127.0.0.1)
 STATUS=$?
 set -e
 if [[ $STATUS -ne 0 ]]; then

@@ -43,7 +43,7 @@ def test_the_agent_card_names_the_bindings_the_auth_and_revalidates(http: httpx.
     assert response.status_code == 200
     card = response.json()
     assert card["name"] == "AgentStream" and card["version"]
-    assert card["capabilities"]["streaming"] is True
+    assert card["capabilities"]["streaming"] is card["capabilities"]["pushNotifications"] is True
     interfaces = {(i["protocolBinding"], i["protocolVersion"]): i["url"] for i in card["supportedInterfaces"]}
     assert interfaces == {
         ("JSONRPC", "1.0"): "https://agents.example.com/a2a",

@@ -44,12 +44,12 @@ from a2a.utils.errors import (
     A2AError,
     InternalError,
     InvalidParamsError,
-    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
 )
 
+from app.api.faces.a2a.push import checked_push_config, push_config_of
 from app.api.faces.a2a.requests import (
     Decision,
     Inbound,
@@ -66,6 +66,7 @@ from app.api.settle import decide_approval, edited_args
 from app.container import Services
 from app.db.errors import database_unreachable
 from app.db.repositories import ConversationRecord, RunRecord
+from app.db.repositories.push_configs import NewPushConfig
 from app.db.repositories.run_start import Placement
 from app.errors import (
     ApprovalClosedConflict,
@@ -292,27 +293,60 @@ class RunsRequestHandler(RequestHandler):
         async for event in _task_stream(call, run, context_id, fresh=False, stop_at_waiting=False):
             yield event
 
-    # -- push notifications (not yet: FACES.md N-06) -----------------------------------------
+    # -- push notification configs (N-06: deliveries through the webhooks' outbox) -----------
 
+    @validate_request_params
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError()
+        call = _Call(context)
+        try:
+            run = await call.run(params.task_id)
+            config = await checked_push_config(call.services, params)
+            stored = await call.services.webhooks.push_configs.create(call.owner, run.id, config)
+            if stored is None:
+                raise TaskNotFoundError()
+            return push_config_of(stored)
+        except Exception as exc:
+            raise call.refused(exc) from exc
 
+    @validate_request_params
     async def on_get_task_push_notification_config(
         self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError()
+        call = _Call(context)
+        try:
+            run = await call.run(params.task_id)
+            stored = await call.services.webhooks.push_configs.get(call.owner, run.id, params.id)
+            if stored is None:
+                raise TaskNotFoundError("push notification config not found")
+            return push_config_of(stored)
+        except Exception as exc:
+            raise call.refused(exc) from exc
 
+    @validate_request_params
     async def on_list_task_push_notification_configs(
         self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError()
+        call = _Call(context)
+        try:
+            run = await call.run(params.task_id)
+            stored = await call.services.webhooks.push_configs.list_configs(call.owner, run.id)
+            return ListTaskPushNotificationConfigsResponse(configs=[push_config_of(c) for c in stored])
+        except Exception as exc:
+            raise call.refused(exc) from exc
 
+    @validate_request_params
     async def on_delete_task_push_notification_config(
         self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> None:
-        raise PushNotificationNotSupportedError()
+        call = _Call(context)
+        try:
+            run = await call.run(params.task_id)
+            # Idempotent (A2A 3.1.10): deleting a config that is gone is no error.
+            await call.services.webhooks.push_configs.delete(call.owner, run.id, params.id)
+        except Exception as exc:
+            raise call.refused(exc) from exc
 
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
@@ -362,7 +396,7 @@ async def _accept(call: _Call, params: SendMessageRequest) -> _Step:
         context_id = await call.context_id(run)
         if message.context_id and message.context_id != context_id:
             raise InvalidParamsError(f"contextId does not match task {run.id}'s context ({context_id})")
-        return await _on_task(call, run, context_id, inbound)
+        return await _on_task(call, run, context_id, inbound, params)
     if inbound.decisions:
         raise InvalidParamsError("a decision goes to the task that waits for it: send it with its taskId")
     return await _new_run(call, params, inbound)
@@ -374,6 +408,7 @@ async def _new_run(call: _Call, params: SendMessageRequest, inbound: Inbound) ->
     spec = agent_spec(params)
     if spec is not None and spec.client_tools:
         raise InvalidParamsError("metadata.agent.client_tools: an A2A client cannot run tools for the agent")
+    push_configs = await _given_push_configs(call, params)
     created = False
     if message.context_id:
         context_id = checked_context_id(message.context_id)
@@ -389,7 +424,9 @@ async def _new_run(call: _Call, params: SendMessageRequest, inbound: Inbound) ->
         context_id, created = conv.id, True
     placement = Placement(client_id=message.message_id[:200] or None)
     try:
-        run = await services.manager.start_run(conv, inbound.text, placement=placement)
+        run = await services.manager.start_run(
+            conv, inbound.text, placement=placement, push_configs=push_configs
+        )
     except BaseException:
         if created:  # refused (a full queue, a worker that stops): the new context goes too
             try:
@@ -400,7 +437,9 @@ async def _new_run(call: _Call, params: SendMessageRequest, inbound: Inbound) ->
     return _Step(run, context_id, fresh=True, after=None)
 
 
-async def _on_task(call: _Call, run: RunRecord, context_id: str, inbound: Inbound) -> _Step:
+async def _on_task(
+    call: _Call, run: RunRecord, context_id: str, inbound: Inbound, params: SendMessageRequest
+) -> _Step:
     """A message on an existing task (N-04, N-05)."""
     services = call.services
     if run.status in ENDED:
@@ -408,6 +447,8 @@ async def _on_task(call: _Call, run: RunRecord, context_id: str, inbound: Inboun
     conv = await services.conversations.get(call.owner, run.conversation_id)
     if conv is None:
         raise TaskNotFoundError()
+    for config in await _given_push_configs(call, params):
+        await services.webhooks.push_configs.create(call.owner, run.id, config)
     after = await services.events.last_id(conv.id)
     if inbound.decisions:
         goes_on = await _decide(call, run, inbound.decisions)
@@ -461,6 +502,13 @@ async def _decide(call: _Call, run: RunRecord, decisions: list[Decision]) -> boo
     left = await services.approvals.pending(run_ids=[run.id])
     calls = await services.approvals.pending(run_ids=[run.id], kind="client")
     return not left and not calls
+
+
+async def _given_push_configs(call: _Call, params: SendMessageRequest) -> list[NewPushConfig]:
+    """The push config sent with a message (``configuration.taskPushNotificationConfig``), checked."""
+    if not params.configuration.HasField("task_push_notification_config"):
+        return []
+    return [await checked_push_config(call.services, params.configuration.task_push_notification_config)]
 
 
 # -- streams -----------------------------------------------------------------------------------

@@ -55,9 +55,8 @@ router = APIRouter(tags=["a2a"])
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-PUSH_NOTIFICATIONS = False
-"""Push notification configs (N-06) come with the durable outbox; until then the card says so and
-their methods answer ``PushNotificationNotSupportedError`` (A2A 3.3.4)."""
+PUSH_NOTIFICATIONS = True
+"""Push notification configs (N-06), delivered through the webhooks' durable outbox."""
 
 
 class CallContext(ServerCallContextBuilder):
