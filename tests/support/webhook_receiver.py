@@ -29,6 +29,9 @@ class Received:
     status: int
     """What the receiver answered."""
     at: float
+    """When it answered (``time.monotonic()``)."""
+    arrived: float
+    """When the request came."""
 
     @property
     def delivery_id(self) -> str:
@@ -100,6 +103,7 @@ class WebhookReceiver:
         self._thread.join(timeout=10)
 
     def _handle(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        arrived = time.monotonic()
         delivery = headers.get("webhook-id", "")
         with self._changed:
             self._under_way[delivery] = self._under_way.get(delivery, 0) + 1
@@ -114,13 +118,13 @@ class WebhookReceiver:
                 self.gate.wait(self.hold_timeout_s)
             status = 500 if attempt <= self.fail_first else 200
             if self.answer is not None:
-                status = self.answer(Received(path, headers, body, status, time.monotonic()))
+                status = self.answer(Received(path, headers, body, status, time.monotonic(), arrived))
         finally:
             with self._changed:
                 self._under_way[delivery] -= 1
                 if held:
                     self.held -= 1
-                self.requests.append(Received(path, headers, body, status, time.monotonic()))
+                self.requests.append(Received(path, headers, body, status, time.monotonic(), arrived))
                 self._changed.notify_all()
         return status
 
