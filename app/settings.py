@@ -13,7 +13,7 @@ import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.llm.models import ABILITY_NAMES
@@ -234,6 +234,14 @@ class Settings(BaseSettings):
     def _known_provider(cls, v: str | None) -> str | None:
         if v is not None and v.strip().lower() not in PROFILES:
             raise ValueError(f"unknown provider {v!r}; one of: {', '.join(sorted(PROFILES))}")
+        return v
+
+    @field_validator("a2a_agent_name", "a2a_agent_description", mode="before")
+    @classmethod
+    def _card_default(cls, v: object, info: ValidationInfo) -> object:
+        """Empty (as in .env.example): the default."""
+        if isinstance(v, str) and not v.strip() and info.field_name is not None:
+            return cls.model_fields[info.field_name].default
         return v
 
     @field_validator("public_base_url")
