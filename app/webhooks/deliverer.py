@@ -3,8 +3,9 @@
 It claims due deliveries (``Outbox.claim``), a few at a time, and makes each attempt as a task of
 its own: the URL checked again and resolved (``UrlPolicy``), a POST to the very address checked,
 10 s to answer, no redirect followed, the Standard Webhooks headers (``signing``). A 2xx answer is
-a delivery; anything else is retried with exponential backoff and jitter until the delivery is
-``WEBHOOK_MAX_AGE_S`` old, then given up; a URL refused now is given up at once (nothing is sent).
+a delivery; anything else (a host that does not resolve too) is retried with exponential backoff
+and jitter until the delivery is ``WEBHOOK_MAX_AGE_S`` old, then given up; a URL refused now for
+what it is or where it resolves to is given up at once (nothing is sent).
 
 While an attempt is under way its claim is renewed every third of ``WEBHOOK_CLAIM_S``; an attempt
 whose claim could not be renewed stops before the claim can lapse, so no other worker ever makes
@@ -191,12 +192,20 @@ class Deliverer:
         room = MAX_IN_FLIGHT - len(self._flights)
         if room <= 0:
             return POLL_S  # an attempt that ends wakes the loop
-        for delivery in await self.outbox.claim(self.worker_id, room, self.claim_s):
-            self._launch(delivery)
+        # A read first: with nothing due (most looks) no worker writes, which on SQLite would
+        # take the one write lock every worker shares.
         due = await self.outbox.next_due()
         if due is None:
             return POLL_S
-        return min(POLL_S, max(MIN_WAIT_S, (due - utcnow()).total_seconds()))
+        wait_s = (due - utcnow()).total_seconds()
+        if wait_s > 0:
+            return min(POLL_S, max(MIN_WAIT_S, wait_s))
+        claimed = await self.outbox.claim(self.worker_id, room, self.claim_s)
+        for delivery in claimed:
+            self._launch(delivery)
+        # Something claimed: look again at once (more may be due); nothing (another worker was
+        # first): not before a while.
+        return 0.0 if claimed else POLL_S / 4
 
     async def _prune_now_and_then(self) -> None:
         now = time.monotonic()
@@ -215,24 +224,27 @@ class Deliverer:
     # ---- claims under way --------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.claim_s / 3.0)
-            flights = [f for f in self._flights.values() if not f.recording]
-            if not flights:
-                continue
-            asked_at = loop.time()
             try:
-                held = await self.outbox.renew([f.delivery for f in flights], self.worker_id, self.claim_s)
+                await self._renew()
             except Exception as exc:  # the attempts stop before their claims lapse
                 log.warning("could not renew webhook claims", extra={"error": repr(exc)})
-                continue
-            for flight in flights:
-                if flight.delivery.id in held:
-                    if flight.deadline is not None:
+
+    async def _renew(self) -> None:
+        flights = [f for f in self._flights.values() if not f.recording]
+        if not flights:
+            return
+        # The local deadline counts from before the renewal was asked: never past the stored one.
+        asked_at = asyncio.get_running_loop().time()
+        held = await self.outbox.renew([f.delivery for f in flights], self.worker_id, self.claim_s)
+        for flight in flights:
+            if flight.delivery.id in held:
+                if flight.deadline is not None and not flight.deadline.expired():
+                    with contextlib.suppress(RuntimeError):  # it is expiring right now
                         flight.deadline.reschedule(asked_at + self._hold_s)
-                elif not flight.recording and flight.task is not None:
-                    flight.task.cancel()  # another worker holds it now
+            elif not flight.recording and flight.task is not None:
+                flight.task.cancel()  # another worker holds it now
 
     async def _fly(self, flight: _Flight) -> None:
         delivery = flight.delivery
@@ -265,7 +277,8 @@ class Deliverer:
         try:
             target = await self.policy.check(delivery.url)
         except WebhookRefusedError as exc:
-            return Outcome(False, f"refused: {exc}", refused=True)
+            # A host that does not resolve now may later: retried. Any other refusal is final.
+            return Outcome(False, f"refused: {exc}", refused=not exc.transient)
         assert self._client is not None, "the deliverer is not started"
         body = delivery.body.encode()
         headers = {
@@ -280,10 +293,11 @@ class Deliverer:
             request = self._client.build_request(
                 "POST", target.request_url, content=body, headers=headers, extensions=extensions
             )
-            # Streamed and closed unread: what the receiver answers beyond its status is not needed.
-            response = await self._client.send(request, stream=True)
-            await response.aclose()
-        except httpx.TimeoutException:
+            async with asyncio.timeout(TIMEOUT_S):  # connecting, sending and the answer's head, in all
+                # Streamed and closed unread: what the receiver answers beyond its status is not needed.
+                response = await self._client.send(request, stream=True)
+                await response.aclose()
+        except (httpx.TimeoutException, TimeoutError):
             return Outcome(False, f"no answer within {TIMEOUT_S:g} s")
         except Exception as exc:  # its words may hold the URL: only its kind is kept
             return Outcome(False, f"could not post ({type(exc).__name__})")

@@ -25,6 +25,7 @@ import httpx
 from app.settings import Settings
 
 MAX_URL_CHARS = 2048
+RESOLVE_TIMEOUT_S = 5.0
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """``resolve(host, port)``: the addresses of a host name, as text."""
@@ -33,7 +34,12 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class WebhookRefusedError(ValueError):
-    """The URL is not one the service posts to; the message says why (and holds no secret)."""
+    """The URL is not one the service posts to; the message says why (and holds no secret).
+    ``transient``: its host did not resolve, which may change (a delivery is retried then)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +145,15 @@ class UrlPolicy:
             addresses = [str(literal)]
         else:
             try:
-                addresses = await self._resolve(host.rstrip("."), port)
+                async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                    addresses = await self._resolve(host.rstrip("."), port)
+            except TimeoutError:
+                late = f"host {host} did not resolve within {RESOLVE_TIMEOUT_S:g} s"
+                raise WebhookRefusedError(late, transient=True) from None
             except (OSError, UnicodeError):
-                raise WebhookRefusedError(f"host {host} does not resolve") from None
+                raise WebhookRefusedError(f"host {host} does not resolve", transient=True) from None
             if not addresses:
-                raise WebhookRefusedError(f"host {host} does not resolve")
+                raise WebhookRefusedError(f"host {host} does not resolve", transient=True)
         checked: list[IpAddress] = []
         for text in addresses:
             address = _address(text)

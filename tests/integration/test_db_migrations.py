@@ -19,10 +19,12 @@ from app.db.migrate import downgrade_database, upgrade_database
 from app.db.models import Base
 from app.db.repositories import ConversationRepo, EventRepo, RunRecord, RunRepo
 from app.db.repositories.approvals import ApprovalRepo, NewApproval
+from app.db.repositories.push_configs import NewPushConfig, PushConfigRepo
 from app.db.repositories.rows import path_to
 from app.db.repositories.run_start import UNDER_HEAD, Placement
 from app.db.session import Database, create_engine
 from app.llm.base import ChatMessage, ToolCall
+from app.webhooks.outbox import NewDelivery, Outbox
 
 APP_TABLES = {
     "conversations",
@@ -643,3 +645,29 @@ async def test_the_branches_revision_downgrade_keeps_the_current_path_and_drops_
     finally:
         await db.dispose()
     assert [(m.role, m.content) for m in history] == kept
+
+
+async def test_the_webhooks_revision_adds_the_outbox_and_push_configs_and_undoes_cleanly(
+    database_url: str,
+) -> None:
+    await finished_run_at(database_url, "0009")
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    run = await the_old_run(database_url)
+    assert (run.webhook, run.status, run.answer) == (None, "completed", "4")
+    db = Database(database_url)
+    try:
+        owed = NewDelivery("run", "run_old", "completed", "https://x.example/h", "{}")
+        await Outbox(db.sessionmaker).enqueue([owed])
+        config = NewPushConfig("c", "https://x.example/p")
+        assert await PushConfigRepo(db.sessionmaker).create("alice", "run_old", config)
+    finally:
+        await db.dispose()
+
+    # And back: 0009 has no outbox, no push configs, no webhook column, and keeps the run.
+    await asyncio.to_thread(downgrade_database, database_url, "0009")
+    assert await inspect_database(database_url, table_names) & {"webhook_deliveries", "push_configs"} == set()
+    assert "webhook" not in await inspect_database(database_url, run_columns)
+    assert await scalar(database_url, "SELECT answer FROM runs WHERE id = 'run_old'") == "4"
+    await asyncio.to_thread(upgrade_database, database_url)
+    assert await inspect_database(database_url, schema_diff) == []

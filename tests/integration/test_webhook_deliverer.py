@@ -43,9 +43,14 @@ class Playback:
 class Resolver:
     def __init__(self) -> None:
         self.addresses = ["93.184.216.34"]
+        self.failures = 0
+        """How many lookups fail (as a DNS outage) before they answer again."""
 
     async def __call__(self, host: str, port: int) -> list[str]:
         assert host == "hooks.example.com"
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("Temporary failure in name resolution")
         return list(self.addresses)
 
 
@@ -181,6 +186,20 @@ async def test_a_host_that_resolves_to_a_private_address_at_delivery_gets_nothin
         == "refused: host hooks.example.com is a private address (WEBHOOK_ALLOW_PRIVATE is off)"
     )
     assert count(deliverer, "refused") == 1
+
+
+async def test_a_host_that_does_not_resolve_for_a_while_is_retried_not_given_up(
+    outbox: Outbox, resolver: Resolver, deliverer_for: Callable[..., Deliverer]
+) -> None:
+    resolver.failures = 2
+    playback = Playback(lambda n: 200)
+    deliverer = deliverer_for(playback)
+    delivery_id = await queue(outbox)
+
+    made = await settled(outbox, delivery_id)
+
+    assert made.delivered_at is not None and made.attempts == 3 and len(playback.requests) == 1
+    assert (count(deliverer, "failed"), count(deliverer, "refused")) == (2, 0)
 
 
 async def test_a_worker_that_stops_mid_attempt_releases_the_claim_for_another_at_once(
