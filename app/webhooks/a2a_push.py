@@ -3,9 +3,10 @@ built with the official ``a2a-sdk`` types, and the headers of the task's push co
 
 A run that starts waiting is ``TASK_STATE_INPUT_REQUIRED``, its status message carrying a data part
 per approval it waits for (``{approval_id, tool_name, tool_args, expires_at}``) and per call of a
-tool the client runs (``{call_id, tool_name, tool_args, expires_at}``). A run that ends is one
-status update (``COMPLETED``, ``FAILED`` with the error, ``CANCELED``), a completed one preceded by
-its answer as a finished artifact. Not every token: status changes and finished artifacts.
+tool the client runs (``{call_id, tool_name, tool_args, expires_at}``); one that goes on after it
+(a decision, a result, an expiry) is ``TASK_STATE_WORKING``. A run that ends is one status update
+(``COMPLETED``, ``FAILED`` with the error, ``CANCELED``), a completed one preceded by its answer as
+a finished artifact. Not every token: status changes and finished artifacts.
 
 The A2A face (``app.api.faces.a2a``) owns the rest of the mapping; this module only builds the
 notifications, from the run's row as committed with the change.

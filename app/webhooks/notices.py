@@ -53,13 +53,15 @@ class OutboxNotices:
             return
         run = _run_record(row)
         configs = await push_configs_of(session, run_id)
-        if run.webhook is None and not configs:
+        # A run webhook tells of waits and ends (N-07); push configs of every status change (N-06).
+        webhook = run.webhook if run.status not in ("queued", "running") else None
+        if webhook is None and not configs:
             return
         pending = await ApprovalRepo.pending_in(session, run_id) if run.status == "waiting" else []
         owed: list[NewDelivery] = []
-        if run.webhook is not None:
+        if webhook is not None:
             body = run_record_json(run, self.default_model, pending)
-            owed.append(NewDelivery("run", run.id, run.status, run.webhook, body))
+            owed.append(NewDelivery("run", run.id, run.status, webhook, body))
         if configs:
             context_id = await a2a_push.context_id_of(session, run)
             bodies = a2a_push.notifications(run, context_id, pending)

@@ -397,3 +397,36 @@ async def test_a_cancel_of_a_waiting_run_is_closed_by_the_claim_with_its_webhook
 
     events = [(d.event, orjson.loads(d.body)["status"]) for d in await outbox.of_run(run.id)]
     assert events == [("waiting", "waiting"), ("cancelled", "cancelled")]
+
+
+async def test_a_waiting_run_that_goes_on_tells_its_push_configs_it_works_but_not_its_webhook(
+    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord, notices: OutboxNotices
+) -> None:
+    approvals = ApprovalRepo(database.sessionmaker, notices)
+    pushed = await start(runs, conv, webhook=HOOK, push_configs=[NewPushConfig("c", "https://p.example/a2a")])
+    expires = datetime(2099, 1, 1, tzinfo=UTC)
+    found = await approvals.request(
+        NewApproval("apr_1", pushed.id, conv.id, "alice", "c1", "calculator", {}, 1, expires)
+    )
+    assert await approvals.park(pushed.id, 1, "w1") == "waiting"
+
+    _, goes_on = await approvals.decide(
+        found, status="approved", reason=None, decided_args={}, decided_by="alice"
+    )
+
+    assert goes_on
+    owed = [(d.kind, d.event) for d in await outbox.of_run(pushed.id)]
+    assert owed == [("run", "waiting"), ("a2a_push", "waiting"), ("a2a_push", "running")]
+    working = orjson.loads((await outbox.of_run(pushed.id))[-1].body)["statusUpdate"]
+    assert working["status"]["state"] == "TASK_STATE_WORKING" and "message" not in working["status"]
+
+    # An expiry that lets a run go on tells it too; a run with a webhook alone is told nothing.
+    other = await ConversationRepo(database.sessionmaker).create("alice", "other", {})
+    quiet = await start(runs, other, webhook=HOOK)
+    soon = utcnow() + timedelta(milliseconds=1)
+    await approvals.request(
+        NewApproval("apr_2", quiet.id, other.id, "alice", "c2", "calculator", {}, 1, soon)
+    )
+    assert await approvals.park(quiet.id, 1, "w1") == "waiting"
+    assert await approvals.expire_due(utcnow() + timedelta(seconds=1)) == (1, [quiet.id])
+    assert [d.event for d in await outbox.of_run(quiet.id)] == ["waiting"]

@@ -219,6 +219,8 @@ class ApprovalRepo:
                     current = "expired" if run_status in ("running", "waiting") else "closed with its run"
                 raise ApprovalClosedError(str(current or "gone"))
             goes_on = await _go_on_if_decided(session, found.run_id)
+            if goes_on:
+                await self._tell(session, found.run_id)
         decided_record = replace(
             found,
             status=status,
@@ -255,6 +257,8 @@ class ApprovalRepo:
                     current = "expired" if run_status in ("running", "waiting") else "closed with its run"
                 raise ApprovalClosedError(str(current or "gone"))
             goes_on = await _go_on_if_decided(session, found.run_id)
+            if goes_on:
+                await self._tell(session, found.run_id)
         return replace(found, status="answered", output=dict(output), decided_at=now), goes_on
 
     async def client_call(self, conversation_id: str, call_id: str) -> ApprovalRecord | None:
@@ -307,6 +311,7 @@ class ApprovalRepo:
                 expired += result.rowcount  # type: ignore[attr-defined]
                 if await _go_on_if_decided(session, run_id):
                     resumed.append(run_id)
+                    await self._tell(session, run_id)
         return expired, resumed
 
     async def close_orphans(self, *, limit: int = 500) -> int:
@@ -333,6 +338,12 @@ class ApprovalRepo:
                 await session.execute(select(Approval).where(Approval.id == approval_id))
             ).scalar_one_or_none()
             return _record(row) if row is not None else None
+
+    async def _tell(self, session: AsyncSession, run_id: str) -> None:
+        """A waiting run goes on (running, held by no worker): its push configs are told
+        (``RunNotices``; a run webhook is not, N-07 posts waits and ends)."""
+        if self._notices is not None and await session.scalar(select(NOTIFY).where(Run.id == run_id)):
+            await self._notices.run_changed(session, run_id)
 
     @staticmethod
     async def pending_in(session: AsyncSession, run_id: str) -> list[ApprovalRecord]:

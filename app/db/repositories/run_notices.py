@@ -1,8 +1,9 @@
 """The seam through which the transactions that park or close a run tell of it (FACES.md N-06, N-07).
 
 ``RunRepo.finish`` and ``ApprovalRepo.park`` call ``RunNotices.run_changed`` inside their own
-transaction when the run has someone to tell (a webhook URL, an A2A push config): the webhooks'
-outbox (``app.webhooks``) stores its deliveries there, so that a delivery exists exactly when the
+transaction when the run has someone to tell (a webhook URL, an A2A push config), and so does
+``ApprovalRepo`` when a decision, a client's result or an expiry lets a waiting run go on: the
+webhooks' outbox (``app.webhooks``) stores its deliveries there, so that a delivery exists exactly when the
 change was committed, whatever happens to the worker after. The repositories know nothing more of
 webhooks than this.
 """
@@ -22,8 +23,8 @@ _push_configs: Table = PushConfig.__table__  # type: ignore[assignment]
 
 class RunNotices(Protocol):
     async def run_changed(self, session: AsyncSession, run_id: str) -> None:
-        """``run_id`` just started waiting or ended, in ``session``'s transaction (not committed
-        yet): store what is owed to its listeners in it."""
+        """``run_id`` just started waiting, went on or ended, in ``session``'s transaction (not
+        committed yet): store what is owed to its listeners in it."""
 
 
 NOTIFY: ColumnElement[bool] = or_(
