@@ -90,6 +90,13 @@ class AgUi:
         assert all(isinstance(e.get("timestamp"), int) for e in events)
         return Response(200, events, raw)
 
+    def thread(self, thread: str) -> list[dict[str, Any]]:
+        """The thread as the service has it: the snapshot of a request that brings nothing (a
+        response that streamed a whole run may end without one: the client holds it already)."""
+        now = self.post(run_input(thread, []))
+        assert now.kinds == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"], now.kinds
+        return now.snapshot
+
     def run(self, run_id: str) -> dict[str, Any]:
         response = self.http.get(f"/api/runs/{run_id}")
         assert response.status_code == 200, response.text

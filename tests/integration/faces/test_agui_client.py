@@ -7,6 +7,11 @@ with must be the thread as the service has it: a tool run; an approval approved 
 through ``agent.pendingInterrupts`` and ``runAgent({resume})``; a frontend tool declared in
 ``runAgent({tools})``, whose tool message the app adds before it runs the agent again; and a
 CopilotKit-like second run, a new agent per request given the history the browser holds.
+
+A response that streams a whole run to a client that held the thread ends without a
+``MESSAGES_SNAPSHOT``: the agent builds the run's messages from the events, and they must be the
+thread's. Where the events cannot tell it all (a tool's error, a history that is not the thread's)
+the snapshot comes, and the agent ends with the thread all the same.
 """
 
 from __future__ import annotations
@@ -69,6 +74,10 @@ def same_as_service(service: ServerThread, thread: str, messages: list[dict[str,
     assert messages == now.snapshot
 
 
+def kinds_of(run: dict[str, Any]) -> list[str]:
+    return [e["type"] for e in run["events"]]
+
+
 def test_a_tool_run_through_http_agent(service: ServerThread, gated_llm: FakeLLM) -> None:
     agent = play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*7"}))
     thread = thread_id()
@@ -87,6 +96,7 @@ def test_a_tool_run_through_http_agent(service: ServerThread, gated_llm: FakeLLM
         "TEXT_MESSAGE_CONTENT",
     } <= set(kinds)
     assert run["pendingToolCallIds"] == []  # every call of the server has its result
+    assert "MESSAGES_SNAPSHOT" not in kinds  # the agent holds the thread from the events alone
     roles = [m["role"] for m in result["messages"]]
     assert roles == ["user", "reasoning", "assistant", "tool", "reasoning", "assistant"]
     assert result["messages"][-1]["content"] == agent.answer
@@ -154,6 +164,7 @@ def test_a_second_run_given_the_browsers_history_stores_only_the_new_question(
     clean(result)
     first, second = result["runs"]
     assert first["result"]["run_id"] != second["result"]["run_id"]
+    assert [k for r in result["runs"] for k in kinds_of(r) if k == "MESSAGES_SNAPSHOT"] == []
     users = [m["content"] for m in result["messages"] if m["role"] == "user"]
     assert users == ["first question", "and now?"]
     caller = AgUi(service.base_url, ALICE)
@@ -163,3 +174,43 @@ def test_a_second_run_given_the_browsers_history_stores_only_the_new_question(
         caller.close()
     assert [m["content"] for m in stored if m["role"] == "user"] == ["first question", "and now?"]
     same_as_service(service, thread, result["messages"])
+
+
+def test_a_tools_error_comes_with_the_snapshot_and_the_agent_holds_it_as_the_thread_does(
+    service: ServerThread, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*"}))
+    thread = thread_id()
+
+    result = drive(service, "tool", thread)
+
+    clean(result)
+    (run,) = result["runs"]
+    assert kinds_of(run)[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    (tool,) = [m for m in result["messages"] if m["role"] == "tool"]
+    assert "not a valid arithmetic expression" in tool["error"]
+    same_as_service(service, thread, result["messages"])
+
+
+def test_a_browser_whose_history_is_not_the_threads_gets_the_thread_at_the_end(
+    service: ServerThread, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, EchoAgentBehaviour())
+    thread = thread_id()
+
+    result = drive(service, "stale-history", thread, TEXT="first question")
+
+    clean(result)
+    first, second = result["runs"]
+    assert "MESSAGES_SNAPSHOT" not in kinds_of(first)
+    assert kinds_of(second)[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    # Every message of the thread, the first question's from the snapshot; in the agent's order (a
+    # snapshot leaves the messages the agent holds where they are and adds the others after them).
+    caller = AgUi(service.base_url, ALICE)
+    try:
+        now = caller.thread(thread)
+    finally:
+        caller.close()
+    assert {m["id"]: m for m in result["messages"]} == {m["id"]: m for m in now}
+    users = [m["content"] for m in result["messages"] if m["role"] == "user"]
+    assert sorted(users) == ["and now?", "first question"]

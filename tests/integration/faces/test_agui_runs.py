@@ -96,9 +96,10 @@ def test_a_tool_run_streams_its_call_result_and_answer_and_finishes_with_the_run
     }
     assert response.text == agent.answer == run["answer"]
     text_id = response.one("TEXT_MESSAGE_START")["messageId"]
-    # The whole thread, right before the end, under the ids the events used.
-    assert response.kinds[-2] == "MESSAGES_SNAPSHOT"
-    assert response.snapshot == [
+    # No snapshot before the end: the client holds the thread already, the run's messages built
+    # from the events under the ids the thread has them by (test_agui_client: AG-UI's own client).
+    assert "MESSAGES_SNAPSHOT" not in response.kinds
+    assert alice.thread(body["threadId"]) == [
         {"id": "u-1", "role": "user", "content": "what is 6*7?"},
         {
             "id": start["parentMessageId"],
@@ -132,7 +133,7 @@ def test_reasoning_comes_as_a_reasoning_message_per_iteration(alice: AgUi, gated
     for kind in ("REASONING_START", "REASONING_MESSAGE_START", "REASONING_MESSAGE_END", "REASONING_END"):
         assert response.of(kind)[0]["messageId"] == first
     assert response.of("REASONING_MESSAGE_START")[0]["role"] == "reasoning"
-    reasoning = [m for m in response.snapshot if m["role"] == "reasoning"]
+    reasoning = [m for m in alice.thread(body["threadId"]) if m["role"] == "reasoning"]
     assert reasoning == [
         {"id": first, "role": "reasoning", "content": "Use calculator."},
         {"id": contents[1]["messageId"], "role": "reasoning", "content": "Nothing to look up."},
@@ -160,8 +161,54 @@ def test_a_follow_up_posted_through_the_own_api_shows_as_a_custom_inject_event(
     (inject,) = response.custom("agentstream.inject")
     assert inject["content"] == "also say hello" and inject["type"] == "inject"
     assert agent.saw("also say hello")
+    # The client learns of the follow-up from the snapshot alone (CUSTOM events add no message).
+    assert response.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
     assert "also say hello" in [m["content"] for m in response.snapshot if m["role"] == "user"]
-    assert response.last["type"] == "RUN_FINISHED"
+    assert response.snapshot == alice.thread(body["threadId"])
+
+
+def test_a_tools_error_comes_with_the_snapshot_whose_tool_message_carries_it(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*"}))
+    body = run_input(thread_id(), [user("what is 6*?")])
+
+    response = alice.post(body)
+
+    # TOOL_CALL_RESULT has no error of its own (it goes in its metadata): the client gets the
+    # snapshot, whose tool message has it.
+    result = response.one("TOOL_CALL_RESULT")
+    error = result["metadata"]["agentstream"]["error"]
+    assert "not a valid arithmetic expression" in error
+    assert response.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    (tool,) = [m for m in response.snapshot if m["role"] == "tool"]
+    assert tool["id"] == result["messageId"] and tool["error"] == error
+    assert response.snapshot == alice.thread(body["threadId"])
+
+
+def test_a_question_from_a_client_that_lacks_part_of_the_thread_ends_with_the_snapshot(
+    alice: AgUi, gated_llm: FakeLLM
+) -> None:
+    play(gated_llm, EchoAgentBehaviour())
+    thread = thread_id()
+    first = alice.post(run_input(thread, [user("first question", "q-1")]))
+    assert "MESSAGES_SNAPSHOT" not in first.kinds
+    held = alice.thread(thread)
+
+    in_step = alice.post(run_input(thread, [*held, user("second question", "q-2")]))
+    stale = alice.post(run_input(thread, [*held[:1], user("third question", "q-3")]))  # lost an answer
+    parts = alice.post(run_input(thread, [*alice.thread(thread), user(PARTS, "q-4")]))
+
+    assert "MESSAGES_SNAPSHOT" not in in_step.kinds
+    assert stale.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [m["id"] for m in stale.snapshot if m["role"] == "user"] == ["q-1", "q-2", "q-3"]
+    # A question of parts is stored as its text: the snapshot tells the client so.
+    assert parts.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert parts.snapshot == alice.thread(thread)
+    assert [m["content"] for m in parts.snapshot if m["id"] == "q-4"] == ["what is\nthe answer?"]
+
+
+PARTS = [{"type": "text", "text": "what is"}, {"type": "text", "text": "the answer?"}]
 
 
 @pytest.mark.parametrize("declares", [True, False], ids=["protocol-1.0", "no-protocol-version"])
@@ -184,8 +231,10 @@ def test_a_cancelled_run_finishes_cancelled_for_a_1_0_client_and_is_a_run_error_
     run = alice.run(conversation["active_run_id"])
     assert run["status"] == "cancelled"
     if declares:
-        assert response.kinds[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
         assert response.last["outcome"] == {"type": "cancelled"}
+        assert "MESSAGES_SNAPSHOT" not in response.kinds  # nothing came that the client lacks
+        (question,) = alice.thread(body["threadId"])
+        assert question["id"] == body["messages"][0]["id"]
         assert "protocolVersion" in response.events[0]
     else:
         assert response.last["type"] == "RUN_ERROR"
@@ -274,7 +323,11 @@ def test_unknown_roles_parts_and_fields_are_ignored_and_the_text_parts_are_the_q
         "user",
         "what is\nthe answer?",
     )
-    assert response.snapshot[0] == {"id": "u-parts", "role": "user", "content": "what is\nthe answer?"}
+    assert alice.thread(body["threadId"])[0] == {
+        "id": "u-parts",
+        "role": "user",
+        "content": "what is\nthe answer?",
+    }
 
 
 def test_the_face_takes_the_services_keys_like_every_route(service: ServerThread, gated_llm: FakeLLM) -> None:

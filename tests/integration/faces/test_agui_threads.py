@@ -2,16 +2,24 @@
 first use with the earlier messages as its history; the client sends its whole history every time
 and only what the conversation lacks is stored; the ids of the events, of later snapshots and of
 the history the client sends back are the same. Every response passes ``ag-ui-validate``.
+
+What a request costs does not grow with the thread: a finished run's messages are folded from its
+events once per process, the runs a snapshot lacks are read together, and a question from a client
+that holds the thread reads no earlier run's events and gets no whole-thread snapshot back.
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from app.api.faces.agui import snapshot
+from app.db.repositories.events import EventRepo
+from app.streaming.bus import StoredEvent
 from tests.integration.faces.agui_support import (  # noqa: F401  (fixtures)
     ALICE,
     KEYS,
@@ -52,6 +60,73 @@ def ids_in(messages: list[dict[str, Any]]) -> set[str]:
     return {m["id"] for m in messages} | {c["id"] for m in messages for c in m.get("toolCalls") or ()}
 
 
+def event_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of stored events the service makes from now on, of a run's (``run <id>``) or of
+    a conversation's from its start (``conversation``); reads after a cursor (a stream's) are not
+    counted."""
+    reads: list[str] = []
+    for_run, read_after = EventRepo.for_run, EventRepo.read_after
+
+    async def counted_for_run(self: EventRepo, run_id: str) -> list[StoredEvent]:
+        reads.append(f"run {run_id}")
+        return await for_run(self, run_id)
+
+    async def counted_read_after(
+        self: EventRepo, conversation_id: str, after: str, limit: int = 1000
+    ) -> list[StoredEvent]:
+        if after == "0-0":
+            reads.append("conversation")
+        return await read_after(self, conversation_id, after, limit)
+
+    monkeypatch.setattr(EventRepo, "for_run", counted_for_run)
+    monkeypatch.setattr(EventRepo, "read_after", counted_read_after)
+    return reads
+
+
+def thread_of_runs(alice: AgUi, runs: int) -> str:
+    """A thread of ``runs`` runs, each asked by a client that held the thread."""
+    thread = thread_id()
+    for n in range(runs):
+        held = alice.thread(thread) if n else []
+        response = alice.post(run_input(thread, [*held, user(f"question {n}", f"q-{n}")]))
+        assert response.last["type"] == "RUN_FINISHED"
+    return thread
+
+
+def test_a_finished_runs_messages_are_folded_once_and_a_snapshot_reads_no_earlier_run(
+    alice: AgUi, gated_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    play(gated_llm, ToolAgentBehaviour("calculator", {"expression": "6*7"}))
+    thread = thread_of_runs(alice, 4)
+    held = alice.thread(thread)
+    reads = event_reads(monkeypatch)
+
+    assert alice.thread(thread) == held
+    assert reads == []
+    # A question from a client that holds the thread: nothing of the earlier runs is read, and
+    # the response ends without the whole thread (the events told the client the new run).
+    asked = alice.post(run_input(thread, [*held, user("one more", "q-last")]))
+    assert asked.last["type"] == "RUN_FINISHED" and "MESSAGES_SNAPSHOT" not in asked.kinds
+    assert reads == []
+
+
+def test_the_runs_a_snapshot_lacks_are_read_in_one_pass(
+    alice: AgUi, gated_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    play(gated_llm, EchoAgentBehaviour())
+    thread = thread_of_runs(alice, 3)
+    held = alice.thread(thread)
+    # A worker that never folded them (just started, or another one): none kept.
+    monkeypatch.setattr(snapshot, "_FINISHED", OrderedDict(), raising=False)
+    reads = event_reads(monkeypatch)
+
+    assert alice.thread(thread) == held
+    assert reads == ["conversation"]
+    reads.clear()
+    assert alice.thread(thread) == held
+    assert reads == []
+
+
 def stored(alice: AgUi) -> list[tuple[str, str | None]]:
     return [(m["role"], m["content"]) for m in alice.only_conversation()["messages"]]
 
@@ -65,22 +140,24 @@ def test_a_thread_used_again_keeps_its_ids_and_what_the_client_sends_back_is_not
         run_input(thread, [user("what is 6*7?", "q-1")], forwardedProps={"agent": {"mode": "json"}})
     )
     after_first = stored(alice)
+    held = alice.thread(thread)
 
     # Ids in the events are the snapshot's (reasoning, the call's reply, the call, its result, the answer).
     named = ids_in_events(first)
-    assert len(named) >= 6 and named <= ids_in(first.snapshot)
+    assert len(named) >= 6 and named <= ids_in(held)
 
     # The history sent back as it is, with nothing new: the thread as it was, nothing stored.
-    again = alice.post(run_input(thread, first.snapshot))
+    again = alice.post(run_input(thread, held))
     assert again.kinds == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
-    assert again.snapshot == first.snapshot
+    assert again.snapshot == held
     assert stored(alice) == after_first
 
     # Sent back with a new question (as CopilotKit does): only the question is new.
-    second = alice.post(run_input(thread, [*first.snapshot, user("and once more?", "q-2")]))
+    second = alice.post(run_input(thread, [*held, user("and once more?", "q-2")]))
     assert second.last["type"] == "RUN_FINISHED"
-    assert second.snapshot[: len(first.snapshot)] == first.snapshot
-    assert second.snapshot[len(first.snapshot)] == {"id": "q-2", "role": "user", "content": "and once more?"}
+    now = alice.thread(thread)
+    assert now[: len(held)] == held
+    assert now[len(held)] == {"id": "q-2", "role": "user", "content": "and once more?"}
     assert stored(alice)[: len(after_first)] == after_first
     contents = [content for _, content in stored(alice)]
     assert contents.count("what is 6*7?") == contents.count("and once more?") == 1
@@ -131,13 +208,14 @@ def test_two_owners_with_the_same_thread_id_have_two_conversations(
     alices = alice.post(run_input(thread, [user("alice's secret question", "a-1")]))
     bobs = bob.post(run_input(thread, [user("bob's question", "b-1")]))
 
-    assert [m["content"] for m in alices.snapshot if m["role"] == "user"] == ["alice's secret question"]
-    assert [m["content"] for m in bobs.snapshot if m["role"] == "user"] == ["bob's question"]
+    bobs_thread = bob.thread(thread)
+    assert [m["content"] for m in alice.thread(thread) if m["role"] == "user"] == ["alice's secret question"]
+    assert [m["content"] for m in bobs_thread if m["role"] == "user"] == ["bob's question"]
     assert alices.last["result"]["run_id"] != bobs.last["result"]["run_id"]
     (mine,), (theirs,) = alice.conversations(), bob.conversations()
     assert mine["id"] != theirs["id"]
     # Bob's thread does not know Alice's message ids: hers sent in his thread are a question.
-    reuse = bob.post(run_input(thread, [*bobs.snapshot, user("alice's secret question", "a-1")]))
+    reuse = bob.post(run_input(thread, [*bobs_thread, user("alice's secret question", "a-1")]))
     assert reuse.last["type"] == "RUN_FINISHED" and "result" in reuse.last
     assert alice.http.get(f"/api/conversations/{theirs['id']}").status_code == 404
     assert len(alice.only_conversation()["messages"]) == 2

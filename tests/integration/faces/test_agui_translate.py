@@ -4,6 +4,11 @@ checkpoint is taken back) and a synthesis that failed mid-stream (ENGINE E-04: `
 the fallback, not the text streamed). The translator is fed stored events as ``follow_run`` yields
 them; its snapshots read the thread through a stand-in for the database. Every response must pass
 ``ag-ui-validate`` with nothing to say, and its last snapshot must be what a fresh read gives.
+
+A response to a client that held the thread ends without a snapshot only where its events made the
+client's messages exactly the run's (app.api.faces.agui.reducer): something taken back, a
+follow-up folded in, a tool's error or an id the client's history holds already bring the
+snapshot all the same.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 from ag_ui.core import UserMessage
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
+from app.api.faces.agui.reducer import ClientMessages
 from app.api.faces.agui.snapshot import RunFold, Thread
 from app.api.faces.agui.translate import Translator, parks_at
 from app.db.repositories.approvals import ApprovalRecord
@@ -45,14 +51,21 @@ class StoredThread:
         return Thread(messages, set())
 
 
-def translate(log: Log) -> list[dict[str, Any]]:
+def translate(
+    log: Log, *, synced: bool = True, client: ClientMessages | None = None, protocol_1: bool = True
+) -> list[dict[str, Any]]:
+    """The response to a 1.0 client that sent the thread as it was (``synced``; ``client``: what
+    follows the messages its history holds, none by default)."""
+
     async def run() -> list[dict[str, Any]]:
         translator = Translator(
             StoredThread(),  # type: ignore[arg-type]
             thread_id="t",
             run_id="r",
-            protocol_1=True,
+            protocol_1=protocol_1,
             fold=RunFold(RUN),
+            synced=synced,
+            client=client,
         )
         out = [translator.started()]
         for event in log.events:
@@ -196,6 +209,85 @@ def test_a_fallback_answer_replaces_the_partial_text_under_an_id_of_its_own() ->
     assert [m["id"] for m in snapshots[0]] == ["q-1", f"asst_{RUN}_1", "tool_c1"]  # the partial text gone
     assert snapshots[-1] == fresh_snapshot(log)
     assert snapshots[-1][-1]["id"] == f"ans_{RUN}_1_f"
+
+
+def plain_run(log: Log) -> None:
+    log.add("step", type="thinking", status="start", iteration=1)
+    log.add("step", type="thinking", status="done", iteration=1, reasoning="Use calculator.")
+    calculator(log)
+    answer(log, "Forty", "-two.")
+    log.add("answer", status="done")
+    done(log, "Forty-two.")
+
+
+def snapshots(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [e["messages"] for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+
+
+def test_a_run_its_events_told_a_client_that_held_the_thread_ends_without_a_snapshot() -> None:
+    log = Log()
+    plain_run(log)
+
+    events = translate(log)
+    stale = translate(log, synced=False)  # the client's history was not the thread
+    older = translate(log, protocol_1=False)  # a client before 1.0 may not build every message
+
+    assert snapshots(events) == [] and events[-1]["type"] == "RUN_FINISHED"
+    for told in (stale, older):
+        assert [e["type"] for e in told if e["type"] != "MESSAGES_SNAPSHOT"] == [e["type"] for e in events]
+        assert snapshots(told) == [fresh_snapshot(log)] and told[-2]["type"] == "MESSAGES_SNAPSHOT"
+
+
+def test_what_the_events_cannot_tell_the_client_comes_with_the_snapshot() -> None:
+    follow_up = Log()
+    follow_up.add("step", type="thinking", status="start", iteration=1)
+    follow_up.add("inject", type="inject", content="also say hello")
+    answer(follow_up, "Hello.")
+    follow_up.add("answer", status="done")
+    done(follow_up, "Hello.")
+    failed_call = Log()
+    failed_call.add("step", type="thinking", status="start", iteration=1)
+    failed_call.add(
+        "step",
+        type="iteration",
+        status="start",
+        iteration=1,
+        tool_name="calculator",
+        tool_args={},
+        call_id="c1",
+    )
+    failed_call.add(
+        "step",
+        type="iteration",
+        status="done",
+        iteration=1,
+        tool_name="calculator",
+        observation="Error: the expression is empty",
+        error="the expression is empty",
+        call_id="c1",
+    )
+    answer(failed_call, "No.")
+    failed_call.add("answer", status="done")
+    done(failed_call, "No.")
+    for log in (follow_up, failed_call):
+        events = translate(log)
+        assert [e["type"] for e in events][-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+        assert snapshots(events)[-1] == fresh_snapshot(log)
+
+
+def test_ids_the_clients_history_holds_already_bring_the_snapshot() -> None:
+    """A provider that numbers calls from 0 in every reply repeats a call id of an earlier run: the
+    client adds the new call's arguments and result to the old one, and the snapshot puts it right."""
+    log = Log()
+    plain_run(log)
+
+    calls = translate(log, client=ClientMessages(["q-0", "asst_old_1", "tool_c1"], ["c1"]))
+    messages = translate(log, client=ClientMessages([f"ans_{RUN}_1"]))
+    others = translate(log, client=ClientMessages(["q-0", "asst_old_1"], ["c0"]))
+
+    assert snapshots(calls) == [fresh_snapshot(log)]
+    assert snapshots(messages) == [fresh_snapshot(log)]
+    assert snapshots(others) == []
 
 
 def pending(approval_id: str, call_id: str, kind: str = "approval") -> ApprovalRecord:

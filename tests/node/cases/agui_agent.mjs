@@ -4,7 +4,8 @@
 // verifier and schema failures), the '[ag-ui]' warnings and the messages the agent holds.
 //
 // Environment: AGENTSTREAM_BASE, AGENTSTREAM_KEY, SCENARIO (tool | approval | frontend-tool |
-// second-run), THREAD_ID, TEXT, AGENT (JSON, forwardedProps.agent), APPROVE ("true"/"false").
+// second-run | stale-history), THREAD_ID, TEXT, AGENT (JSON, forwardedProps.agent), APPROVE
+// ("true"/"false").
 import { recordingAgent } from "../lib/agui.mjs";
 import { env, main, service } from "../lib/io.mjs";
 
@@ -71,11 +72,13 @@ async function scenarioRuns() {
         client.agent.addMessage({ id: messageId("tool"), role: "tool", toolCallId, content: "Paris, France" });
       }
       runs.push(await client.run({ tools: [LOCATION] }));
-    } else if (scenario === "second-run") {
+    } else if (scenario === "second-run" || scenario === "stale-history") {
       client.agent.addMessage({ id: messageId("u"), role: "user", content: text });
       runs.push(await client.run({ forwardedProps }));
-      // CopilotKit's runtime: a new agent per request, given the history the browser holds.
-      const next = agentOn([...client.agent.messages, { id: messageId("u"), role: "user", content: "and now?" }]);
+      // CopilotKit's runtime: a new agent per request, given the history the browser holds (a
+      // stale browser, e.g. another tab's, holds none of the thread: only its new question).
+      const held = scenario === "second-run" ? client.agent.messages : [];
+      const next = agentOn([...held, { id: messageId("u"), role: "user", content: "and now?" }]);
       try {
         runs.push(await next.run({}));
         return { runs, warnings: [...client.warnings, ...next.warnings], messages: json(next.agent.messages) };

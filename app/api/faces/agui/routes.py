@@ -6,7 +6,9 @@ what the thread's conversation has and waits for:
 
 - it settles what the thread's run waits for (``resume`` entries, ``tool`` messages answering its
   pending client calls): the same run goes on in this response, which starts with a snapshot;
-- it asks a question (the last user message, if the conversation lacks it): a new run, streamed;
+- it asks a question (the last user message, if the conversation lacks it): a new run, streamed
+  (with no final ``MESSAGES_SNAPSHOT`` when the client held the thread and the run's events told it
+  all: app.api.faces.agui.translate);
 - it brings nothing new while the run waits: the response says again what it waits for;
 - it brings nothing at all: the thread's snapshot.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from ag_ui.core import BaseEvent
 from ag_ui.encoder import EventEncoder
@@ -29,10 +32,12 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 
 from app.api.deps import OwnerDep, ServicesDep
+from app.api.faces.agui.reducer import ClientMessages
 from app.api.faces.agui.requests import (
     AgUiRunInput,
     AssistantIn,
     DeveloperIn,
+    OtherMessageIn,
     SystemIn,
     ToolMessageIn,
     UserIn,
@@ -41,7 +46,7 @@ from app.api.faces.agui.requests import (
     text_of,
 )
 from app.api.faces.agui.resume import Refusal, settle, settlement
-from app.api.faces.agui.snapshot import RunFold, ThreadView, client_results
+from app.api.faces.agui.snapshot import RunFold, Thread, ThreadView, client_results
 from app.api.faces.agui.translate import Translator, parks_at
 from app.api.faces.follow import face_stream, follow_run, is_waiting
 from app.api.routes.conversations import check_client_tools, checked_agent
@@ -122,6 +127,7 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
     if question is None:
         return start.idle(view)
     text = _question_text(question)
+    synced = _holds_thread(body, thread, question)
     tools = _client_tools(services, body)
     agent = checked_agent(services, _agent_spec(body)) if conversation is None else {}
     created = False
@@ -148,7 +154,7 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
         if created:  # refused (the queue is full, the worker stops, an outage): the new thread goes too
             await _forget(services, owner, conversation.id)
         raise
-    return start.follow(view, run)
+    return start.follow(view, run, synced=synced)
 
 
 async def _forget(services: Services, owner: str, conversation_id: str) -> None:
@@ -171,7 +177,7 @@ class _Response:
         self.body = body
         self.protocol_1 = declares_protocol_1(body)
 
-    def _translator(self, view: ThreadView | None, fold: RunFold, **options: Sequence[str]) -> Translator:
+    def _translator(self, view: ThreadView | None, fold: RunFold, **options: Any) -> Translator:
         return Translator(
             view,
             thread_id=self.body.thread_id,
@@ -228,16 +234,23 @@ class _Response:
         return self._stream(events())
 
     def follow(
-        self, view: ThreadView, run: RunRecord, settled: Sequence[str] | set[str] = ()
+        self,
+        view: ThreadView,
+        run: RunRecord,
+        settled: Sequence[str] | set[str] = (),
+        synced: bool = False,
     ) -> EventSourceResponse:
         """The run's events from its start; a continuation (``settled``: the ids it settled)
         speaks from its park on. At a ``waiting`` that still waits the response parks, unless what
-        it waits for was settled in the moment between: then the run goes on, and so does this."""
+        it waits for was settled in the moment between: then the run goes on, and so does this.
+        ``synced``: the client sent the thread as it was before the run (see ``Translator``)."""
         services = self.services
+        client = _client_messages(self.body) if synced else None
 
         async def events() -> AsyncIterator[BaseEvent]:
             held = client_results(await services.approvals.of_run(run.id)) if settled else {}
-            translator = self._translator(view, RunFold(run.id), settled=sorted(settled), held=sorted(held))
+            options = {"settled": sorted(settled), "held": sorted(held), "synced": synced, "client": client}
+            translator = self._translator(view, RunFold(run.id), **options)
             yield translator.started()
             cursor: str | None = None
             try:
@@ -270,6 +283,29 @@ def _question(body: AgUiRunInput, known: set[str]) -> UserIn | None:
     """The last user message, if the conversation lacks it: the run's question (G-02)."""
     last = next((m for m in reversed(body.messages) if isinstance(m, UserIn)), None)
     return last if last is not None and last.id not in known else None
+
+
+def _sent_ids(body: AgUiRunInput) -> list[str]:
+    """The ids of the messages the client sent, of the roles a snapshot holds (an ``activity``
+    message, or one of a role this service does not know, stays with the client)."""
+    return [m.id for m in body.messages if not isinstance(m, OtherMessageIn)]
+
+
+def _holds_thread(body: AgUiRunInput, thread: Thread | None, question: UserIn) -> bool:
+    """Whether the client sent the thread as it is (its messages' ids, in order) and then the
+    question as the thread stores it (its text): after the run's events it holds what a snapshot
+    would say. A new thread's history is stored as the service reads it (text, the roles it
+    knows), a question of parts as their text: then the response ends with the snapshot."""
+    before = [m.id for m in thread.messages] if thread is not None else []
+    return isinstance(question.content, str) and _sent_ids(body) == [*before, question.id]
+
+
+def _client_messages(body: AgUiRunInput) -> ClientMessages:
+    """What follows the messages a response's events add to the client's history (every id it
+    holds, an ``activity`` message's too)."""
+    ids = [getattr(m, "id", None) for m in body.messages]
+    calls = [c.id for m in body.messages if isinstance(m, AssistantIn) for c in m.tool_calls or ()]
+    return ClientMessages([i for i in ids if isinstance(i, str)], calls)
 
 
 def _question_text(question: UserIn) -> str:

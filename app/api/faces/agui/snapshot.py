@@ -11,11 +11,16 @@ replayed or after a restart (D1.1). A ``resumed`` phase takes back what the lost
 its checkpoint, as a client that followed it is told to (D1.6).
 
 ``ThreadView`` puts the folds of a thread's runs between the messages stored on its current
-branch: the questions (under the client's ids), and the history a new thread came with.
+branch: the questions (under the client's ids), and the history a new thread came with. A finished
+run's messages (its ``done`` folded in) never change again: the process keeps the most recently
+used ones (``FOLDS_KEPT``), so that a thread's snapshot reads its earlier runs' events once, not
+at every request; those it lacks are read together (one query, or pages of the conversation's
+events when several are missing).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +43,14 @@ from app.db.repositories import ConversationRecord
 from app.db.repositories.approvals import ApprovalRecord
 from app.db.repositories.rows import MessageRecord, path_to
 from app.streaming.bus import StoredEvent, parse_cursor
+
+FOLDS_KEPT = 512
+"""How many finished runs' messages the process keeps (the most recently used)."""
+_FINISHED: OrderedDict[str, tuple[Message, ...]] = OrderedDict()
+"""The messages of finished runs, by run id: their ``done`` is folded in, nothing of them can
+change any more (a client tool's result came before the run went on; a run ends once)."""
+EVENT_PAGE = 1000
+"""Events a page when the events of several runs are read at once (a conversation's, in order)."""
 
 
 def reasoning_id(run_id: str, iteration: int) -> str:
@@ -291,6 +304,14 @@ class RunFold:
         return out
 
 
+def remember(run_id: str, messages: tuple[Message, ...]) -> None:
+    """Keep a finished run's messages (its fold with its ``done``) for later snapshots."""
+    _FINISHED[run_id] = messages
+    _FINISHED.move_to_end(run_id)
+    while len(_FINISHED) > FOLDS_KEPT:
+        _FINISHED.popitem(last=False)
+
+
 def stored_message(record: MessageRecord) -> Message:
     """A message stored on the branch that no run wrote (a question, a thread's first history)."""
     message_id = record.client_id or record.public_id
@@ -338,6 +359,7 @@ class ThreadView:
         path = path_to(records, head)
         answering = await self._answering(path)
         folded = set(answering.values())
+        runs = await self._messages_of(folded, live)
         out: list[Message] = []
         for index, record in enumerate(path):
             if record.run_id in folded and not (_is_question(record) and index in answering):
@@ -345,12 +367,52 @@ class ThreadView:
             out.append(stored_message(record))
             run_id = answering.get(index)
             if run_id is not None:
-                fold = live if live is not None and live.run_id == run_id else await self.fold(run_id)
-                out.extend(fold.messages(await self.results(fold)))
+                out.extend(runs[run_id])
         known = {m.id for m in out}
         known.update(r.client_id or r.public_id for r in records)
         known.update(r.public_id for r in records)
         return Thread(out, known, {r.run_id for r in records if r.run_id is not None} - folded)
+
+    async def _messages_of(
+        self, run_ids: Iterable[str], live: RunFold | None
+    ) -> dict[str, Sequence[Message]]:
+        """The messages of runs ``run_ids``: ``live``'s as it has them, finished runs' as kept,
+        the others folded from their stored events (read together), kept once finished."""
+        out: dict[str, Sequence[Message]] = {}
+        missing: list[str] = []
+        for run_id in run_ids:
+            if live is not None and live.run_id == run_id:
+                out[run_id] = live.messages(await self.results(live))
+                continue
+            kept = _FINISHED.get(run_id)
+            if kept is None:
+                missing.append(run_id)
+                continue
+            _FINISHED.move_to_end(run_id)
+            out[run_id] = kept
+        for fold in await self._folds(missing):
+            messages = tuple(fold.messages(await self.results(fold)))
+            if fold.done is not None:
+                remember(fold.run_id, messages)
+            out[fold.run_id] = messages
+        return out
+
+    async def _folds(self, run_ids: Sequence[str]) -> list[RunFold]:
+        """Runs ``run_ids`` folded from their stored events: one run's read alone, several runs'
+        in one pass over the conversation's events (pages of ``EVENT_PAGE``) instead of a query each."""
+        if len(run_ids) <= 1:
+            return [await self.fold(run_id) for run_id in run_ids]
+        folds = {run_id: RunFold(run_id) for run_id in run_ids}
+        cursor = "0-0"
+        while True:
+            page = await self.services.events.read_after(self.conversation.id, cursor, EVENT_PAGE)
+            for event in page:
+                fold = folds.get(event.run_id)
+                if fold is not None:
+                    fold.apply(event)
+            if len(page) < EVENT_PAGE:
+                return list(folds.values())
+            cursor = page[-1].id
 
     async def _answering(self, path: Sequence[MessageRecord]) -> dict[int, str]:
         """The run whose messages follow each question of the path, by the question's index."""

@@ -7,6 +7,16 @@ only, the whole-thread ``MESSAGES_SNAPSHOT``. A response that continues a parked
 events before the park in silence (``settled``: the ids it settled) and starts speaking at the
 ``waiting`` event that names them, with a snapshot, so that a result for a call of an earlier
 response names a call the client knows.
+
+A whole-thread snapshot costs what the thread holds, so a response sends one only where the client
+needs it: where the run parks (G-04), at the start of a continuation, where something is taken
+back (a ``resumed`` phase, E-04's fallback answer), and before ``RUN_FINISHED`` unless the client
+holds the thread already. It does when the history it sent was the thread (``synced``) and the
+events of this response made, by the rules of the 1.0 client it declared itself
+(app.api.faces.agui.reducer), exactly the run's messages as the snapshot would have them: a plain
+run streamed from its start. A follow-up
+folded in, a tool's error (a snapshot's tool message carries it, the result event only in its
+metadata), a client's result or anything the events cannot say get the snapshot.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 
+from app.api.faces.agui.reducer import ClientMessages
 from app.api.faces.agui.snapshot import (
     Call,
     RunFold,
@@ -130,10 +141,15 @@ class Translator:
         fold: RunFold,
         settled: Collection[str] = (),
         held: Collection[str] = (),
+        synced: bool = False,
+        client: ClientMessages | None = None,
     ) -> None:
         """``settled``: approval and call ids this request settled (a continuation starts at the
         ``waiting`` event naming one); ``held``: client calls whose result the client holds as its
-        own tool message (it gets no ``TOOL_CALL_RESULT`` for them)."""
+        own tool message (it gets no ``TOOL_CALL_RESULT`` for them); ``synced``: the client sent
+        the thread as it was before this run (its messages, in order), and ``client`` follows what
+        this response's events add to them: then a run that ends as its events told it ends
+        without a snapshot."""
         self.thread = thread
         self.thread_id = thread_id
         self.run_id = run_id
@@ -150,6 +166,8 @@ class Translator:
         self.ended = False
         self.unchanged = False
         """Nothing happened since the continuation's first snapshot (a park needs no second one)."""
+        self.synced = synced
+        self.client = client or ClientMessages()
 
     # ---- the response's frame -------------------------------------------------------------------
 
@@ -214,17 +232,23 @@ class Translator:
             self.fold.apply(event)
             out.append(self._custom("phase", data))
             out.append(await self._resumed_snapshot())
+            self.client.apply(out)
             return out
         self.fold.apply(event)
         kind = event.event
+        if kind == "done":
+            return await self._done(data)
+        out = self._events(kind, data)
+        self.client.apply(out)
+        return out
+
+    def _events(self, kind: str, data: Mapping[str, Any]) -> list[BaseEvent]:
         if kind == "step":
             return self._step(data)
         if kind == "approval":
             return self._approval(data)
         if kind == "answer":
             return self._answer(data)
-        if kind == "done":
-            return await self._done(data)
         if kind in ("inject", "compact") or (kind == "phase" and data.get("phase") != "waiting"):
             return [self._custom(kind, data)]
         return []
@@ -261,8 +285,25 @@ class Translator:
             if parent not in assistants:
                 assistants[parent] = AssistantMessage(id=parent, tool_calls=[])
                 snapshot.messages.append(assistants[parent])
+            else:  # a copy: the messages of a snapshot may be shared (finished runs' are kept)
+                index = snapshot.messages.index(assistants[parent])
+                assistants[parent] = snapshot.messages[index] = assistants[parent].model_copy()
             assistants[parent].tool_calls = [*(assistants[parent].tool_calls or ()), call]
         return snapshot
+
+    def _client_holds_run(self) -> bool:
+        """Whether the client holds the thread as a snapshot now would give it: it held the
+        thread before the run, and this response's events made exactly the run's messages by the
+        rules of a 1.0 client (an older one may not build messages of every event this face
+        sends: it gets the snapshot); a run with client calls has results the client sent, which
+        the snapshot names: it gets one."""
+        return (
+            self.synced
+            and self.protocol_1
+            and not self.settled
+            and not self.fold.has_client_calls
+            and self.client.holds(self.fold.messages({}))
+        )
 
     def _custom(self, kind: str, data: Mapping[str, Any]) -> CustomEvent:
         return CustomEvent(name=f"agentstream.{kind}", value=dict(data), timestamp=now_ms())
@@ -406,7 +447,9 @@ class Translator:
                 TextMessageEndEvent(message_id=answer.id, timestamp=stamp),
             ]
             out += self._close_step()
-        out.append(await self.snapshot())
+        self.client.apply(out)
+        if not self._client_holds_run():
+            out.append(await self.snapshot())
         if status == "cancelled":
             out.append(self.finished(outcome=RunFinishedCancelledOutcome()))
             return out
