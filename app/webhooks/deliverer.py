@@ -306,24 +306,26 @@ class Deliverer:
         return Outcome(False, f"the receiver answered HTTP {response.status_code}")
 
     async def _record(self, delivery: Delivery, outcome: Outcome) -> None:
+        """The attempt's outcome, counted (first: it was made, whatever storing it meets), logged
+        and stored."""
         where = {"delivery": delivery.id, "run_id": delivery.run_id, "attempt": delivery.attempts}
         if outcome.delivered:
-            await self.outbox.delivered(delivery, self.worker_id)
             self.metrics.webhook_deliveries.labels(delivery.kind, "delivered").inc()
             log.info("webhook delivered", extra={**where, "kind": delivery.kind})
+            await self.outbox.delivered(delivery, self.worker_id)
             return
         error = outcome.error or "failed"
         if outcome.refused:
-            await self.outbox.failed(delivery, self.worker_id, error, retry_at=None)
             self.metrics.webhook_deliveries.labels(delivery.kind, "refused").inc()
             log.warning("webhook refused", extra={**where, "error": error})
+            await self.outbox.failed(delivery, self.worker_id, error, retry_at=None)
             return
         retry_at = utcnow() + timedelta(seconds=retry_delay(delivery.attempts, self.retry_s, self._draw()))
         if retry_at > delivery.created_at + timedelta(seconds=self.max_age_s):
-            await self.outbox.failed(delivery, self.worker_id, error, retry_at=None)
             self.metrics.webhook_deliveries.labels(delivery.kind, "given_up").inc()
             log.warning("webhook given up", extra={**where, "error": error})
+            await self.outbox.failed(delivery, self.worker_id, error, retry_at=None)
             return
-        await self.outbox.failed(delivery, self.worker_id, error, retry_at=retry_at)
         self.metrics.webhook_deliveries.labels(delivery.kind, "failed").inc()
         log.info("webhook attempt failed; retrying", extra={**where, "error": error})
+        await self.outbox.failed(delivery, self.worker_id, error, retry_at=retry_at)
