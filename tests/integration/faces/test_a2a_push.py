@@ -161,11 +161,12 @@ async def test_a_config_sent_with_the_message_gets_the_waiting_and_the_end_poste
             )
             rest = await collect(client.send_message(send(decision)))
             assert states(rest)[-1] == COMPLETED
-        received = await asyncio.to_thread(receiver.wait_accepted, 3)
+        received = await asyncio.to_thread(receiver.wait_accepted, 4)
     bodies = [r.json() for r in received]
-    # Each change is a delivery of its own (made at least once, each on its own schedule).
+    # Each change is a delivery of its own (made at least once, each on its own schedule): it
+    # waits, goes on once decided, ends; and the answer.
     statuses = sorted(b["statusUpdate"]["status"]["state"] for b in bodies if "statusUpdate" in b)
-    assert statuses == ["TASK_STATE_COMPLETED", "TASK_STATE_INPUT_REQUIRED"]
+    assert statuses == ["TASK_STATE_COMPLETED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_WORKING"]
     (artifact,) = [b["artifactUpdate"]["artifact"] for b in bodies if "artifactUpdate" in b]
     assert artifact["parts"][0]["text"] == gated_llm.agent.answer
     assert all(r.headers["authorization"] == "Bearer push-secret" for r in received)
