@@ -374,11 +374,12 @@ class RunManager:
             raise
         return conversation, run
 
-    async def cancel(self, conversation: ConversationRecord) -> RunRecord:
+    async def cancel(self, conversation: ConversationRecord, *, run_id: str | None = None) -> RunRecord:
         """Cancel the conversation's active run, wherever it is: executing here or on another
-        worker, or held by none (between attempts), in which case it is closed here and now."""
+        worker, or held by none (between attempts), in which case it is closed here and now.
+        ``run_id``: only if that is the active run (``NoActiveRunError`` otherwise)."""
         run = await self.runs.active(conversation.id)
-        if run is None:
+        if run is None or run_id not in (None, run.id):
             raise NoActiveRunError("no run is active in this conversation")
         # The row keeps the request first, for whichever worker holds the run next (R-11): this
         # one may die before the run's close, or hold an attempt that lost the run.
@@ -401,9 +402,13 @@ class RunManager:
                 log.warning("could not close the cancelled run now", extra={"error": repr(exc)})
         return run
 
-    async def interrupt(self, conversation: ConversationRecord, content: str) -> int:
+    async def interrupt(
+        self, conversation: ConversationRecord, content: str, *, run_id: str | None = None
+    ) -> int:
+        """A follow-up for the conversation's active run (``run_id``: only if that is the active
+        run; ``NoActiveRunError`` otherwise)."""
         run = await self.runs.active(conversation.id)
-        if run is None:
+        if run is None or run_id not in (None, run.id):
             raise NoActiveRunError("no run is active in this conversation")
         queue = self.interrupt_queue(conversation.id)
         try:

@@ -49,10 +49,11 @@ async def still_waits(services: Services, run_id: str, waiting: dict[str, Any]) 
 
 
 async def follow_run(
-    services: Services, run: RunRecord, after: str | None = None
+    services: Services, run: RunRecord, after: str | None = None, *, past_waits: bool = False
 ) -> AsyncIterator[StoredEvent]:
     """The events of ``run`` after ``after`` (default: from its first), in order, live; ends after
-    its ``done``, or after a ``waiting`` that still waits (FACES.md V-04, G-04)."""
+    its ``done``, or after a ``waiting`` that still waits (FACES.md V-04, G-04) unless
+    ``past_waits`` (the caller stops where it wants)."""
     cursor = after or run.start_cursor
     async for event in stream_events(
         services.bus, services.events, run.conversation_id, cursor, seam_wait_s=SEAM_WAIT_S
@@ -62,7 +63,7 @@ async def follow_run(
         yield event
         if event.is_done:
             return
-        if is_waiting(event) and await still_waits(services, run.id, payload(event)):
+        if not past_waits and is_waiting(event) and await still_waits(services, run.id, payload(event)):
             return
 
 

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.errors import PersistenceError
 from app.db.models import Approval, Run, utcnow
+from app.db.repositories.push_configs import has_push_configs
 from app.db.repositories.run_notices import NOTIFY, RunNotices
 
 ParkResult = Literal["waiting", "released", "cancelled", "lost"]
@@ -174,7 +175,9 @@ class ApprovalRepo:
                 return "cancelled" if still_ours is not None else "lost"
             if await _go_on_if_decided(session, run_id):
                 return "released"
-            if row.notify and self._notices is not None:
+            # RETURNING's NOTIFY may predate a push config committed while the row was waited for
+            # (PostgreSQL): asked again, with the row held (``has_push_configs``).
+            if self._notices is not None and (row.notify or await has_push_configs(session, run_id)):
                 await self._notices.run_changed(session, run_id)
             return "waiting"
 

@@ -4,7 +4,13 @@ A task is a run; its configs say where the service posts the task's status chang
 webhooks' outbox, ``app.webhooks``) and with which credentials. They belong to the run's owner: a
 config of another owner's task is not found, as the task is not. A config given with a new task is
 stored in the transaction that starts its run (``RunRepo.start(push_configs=...)``), so that no
-change of the task can come before it.
+change of the task can come before it. A task has at most ``MAX_PUSH_CONFIGS``.
+
+A config is owed the changes committed after it. ``create`` takes the run's row first: a close or
+park that waits for that row is told of the config (``has_push_configs``, read after its UPDATE);
+one that committed before owes it nothing. A config of a task that has ended is kept (as the SDK's
+own handler does; the TCK's push tests create theirs on a completed task) and is never posted to:
+nothing changes any more.
 """
 
 from __future__ import annotations
@@ -14,12 +20,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, insert, select, update
+from sqlalchemy import Table, delete, exists, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.db.errors import PersistenceError
 from app.db.models import PushConfig, Run, utcnow
 
 _push_configs: Table = PushConfig.__table__  # type: ignore[assignment]
+
+MAX_PUSH_CONFIGS = 10
+"""A task's configs at most: each change of the run owes every one of them a delivery."""
+
+
+class PushConfigLimitError(PersistenceError):
+    """The task has ``MAX_PUSH_CONFIGS`` configs already (one of the same id would replace its own);
+    nothing was stored."""
+
+    def __init__(self) -> None:
+        super().__init__(f"a task may have at most {MAX_PUSH_CONFIGS} push notification configs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +104,16 @@ async def insert_push_configs(
     )
 
 
+async def has_push_configs(session: AsyncSession, run_id: str) -> bool:
+    """Whether the run has configs, read in the caller's transaction by a statement of its own.
+
+    A close or park returns ``NOTIFY`` from its UPDATE, but on PostgreSQL that UPDATE's subquery
+    sees the snapshot taken before it waited for the run's row: a config that ``create`` committed
+    meanwhile (holding that row) is seen only by a later statement, as this one, while the row
+    lock is still held."""
+    return bool(await session.scalar(select(exists().where(_push_configs.c.run_id == run_id))))
+
+
 async def push_configs_of(session: AsyncSession, run_id: str) -> list[PushConfigRecord]:
     """The run's configs, oldest first, read in the caller's transaction."""
     rows = await session.execute(
@@ -102,16 +130,25 @@ class PushConfigRepo:
 
     async def create(self, owner: str, run_id: str, config: NewPushConfig) -> PushConfigRecord | None:
         """Store ``config`` for ``owner``'s run ``run_id``, replacing its config of the same id;
-        None when ``owner`` has no such run (nothing stored). The caller checks the URL first
+        None when ``owner`` has no such run (nothing stored); ``PushConfigLimitError`` when the
+        run has ``MAX_PUSH_CONFIGS`` others. The caller checks the URL first
         (``app.webhooks.urls.UrlPolicy.check``)."""
         async with self._sessionmaker.begin() as session:
             # The run's row taken first (a no-op UPDATE): a run being closed at this moment either
-            # sees the config or closed before it was stored, never half of it.
+            # sees the config or closed before it was stored, never half of it; and two configs
+            # created at once are counted one after the other.
             owned = await session.execute(
                 update(Run).where(Run.id == run_id, Run.owner == owner).values(attempt=Run.attempt)
             )
             if not owned.rowcount:  # type: ignore[attr-defined]
                 return None
+            others = await session.scalar(
+                select(func.count())
+                .select_from(_push_configs)
+                .where(_push_configs.c.run_id == run_id, _push_configs.c.config_id != config.config_id)
+            )
+            if (others or 0) >= MAX_PUSH_CONFIGS:
+                raise PushConfigLimitError()
             await insert_push_configs(session, run_id, owner, [config])
         return await self.get(owner, run_id, config.config_id)
 

@@ -30,5 +30,7 @@ class RunNotices(Protocol):
 NOTIFY: ColumnElement[bool] = or_(
     _runs.c.webhook.is_not(None), exists().where(_push_configs.c.run_id == _runs.c.id)
 ).label("notify")
-"""Whether a run has listeners: returned by the UPDATE that changes it, so that a run without any
-(nearly every run) costs no statement more."""
+"""Whether a run has listeners: returned by the UPDATE that changes it. When it says none, the
+repositories ask ``has_push_configs`` again in a statement of their own (one statement more): on
+PostgreSQL this subquery sees the snapshot taken before the UPDATE waited for the run's row, not a
+push config committed meanwhile."""

@@ -21,7 +21,7 @@ from app.db.models import (
     ToolEffect,
     utcnow,
 )
-from app.db.repositories.push_configs import NewPushConfig
+from app.db.repositories.push_configs import NewPushConfig, has_push_configs
 from app.db.repositories.queue import Admission, NearBound, start_exclusive
 from app.db.repositories.rows import (
     FINAL_STATUSES,
@@ -329,7 +329,13 @@ class RunRepo:
                     # Another process stored an event under this id: a close without its done in
                     # the log would leave readers waiting. Undo it all; the caller restamps.
                     raise EventIdTakenError(done.id)
-            if finished is not None and finished.notify and self._notices is not None:
+            if (
+                finished is not None
+                and self._notices is not None
+                # RETURNING's NOTIFY may predate a push config committed while the row was waited
+                # for (PostgreSQL): asked again, with the row held (``has_push_configs``).
+                and (finished.notify or await has_push_configs(session, run_id))
+            ):
                 await self._notices.run_changed(session, run_id)
         return closed
 

@@ -1,14 +1,18 @@
 """The A2A face (FACES.md N-01..N-05) driven by the official ``a2a-sdk`` client against a started
 service on the fake model: a streamed task to COMPLETED with its answer as an artifact (JSON-RPC
 and HTTP+JSON), a task that waits for an approval and the decision sent as a message, a
-resubscription through another worker after the connection is cut, cancel, a follow-up on a
-working task, GetTask and ListTasks (owners apart), and the errors of A2A 5.4.
+resubscription through another worker after the connection is cut (and one while the task parks:
+it waits for input already), cancel, a follow-up on a working task (neither reaching the next task
+of the context once the task has ended), GetTask and ListTasks (owners apart), and the errors of
+A2A 5.4.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -28,6 +32,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
+from app.db.repositories import RunRecord
 from tests.integration.faces.a2a_support import (
     ALICE,
     BOB,
@@ -60,7 +65,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_service_fixture,
 )
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
-from tests.support.server import ServerThread, wait_until
+from tests.support.server import ServerThread, async_wait_until, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -323,3 +328,76 @@ async def test_a_bad_version_is_version_not_supported_in_each_binding(service: S
         assert (await http.post(f"{base}/a2a", json={**body, "id": 8}, headers=V1)).json()["error"][
             "code"
         ] == -32001
+
+
+async def test_a_subscription_while_the_task_parks_says_it_waits_for_input(
+    service: ServerThread, gated_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gated_llm.agent.inner = ToolAgentBehaviour("calculator", {"expression": "6*7"})
+    # The run has asked (its approval and events stored) but its park has not committed: held
+    # there, its row still says running.
+    approvals = service.services.approvals
+    park, parking, go_on = approvals.park, threading.Event(), threading.Event()
+
+    async def held_park(run_id: str, attempt: int, worker_id: str) -> object:
+        parking.set()
+        await asyncio.to_thread(go_on.wait, 30)
+        return await park(run_id, attempt, worker_id)
+
+    monkeypatch.setattr(approvals, "park", held_park)
+    try:
+        async with a2a_client(service.base_url) as client:
+            request = send(message("what is 6*7?"), agent=APPROVING, return_immediately=True)
+            first = await collect(client.send_message(request))
+            task = first[0].task
+            assert await asyncio.to_thread(parking.wait, 10)
+            assert run_record(service, task.id)["status"] == "running"
+
+            subscription = client.subscribe(SubscribeToTaskRequest(id=task.id))
+            snapshot = await anext(subscription)
+            await subscription.aclose()
+    finally:
+        go_on.set()
+    assert snapshot.task.status.state == INPUT_REQUIRED
+    (asked,) = data_parts(snapshot.task.status.message)
+    assert asked["tool_name"] == "calculator"
+
+
+async def test_cancel_and_follow_ups_reach_only_their_own_task(
+    service: ServerThread, gated_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = gated_llm.agent
+    ctx = context_id()
+    async with a2a_client(service.base_url, streaming=False) as client:
+        (first,) = await collect(client.send_message(send(message("first", context_id=ctx))))
+        assert first.task.status.state == COMPLETED
+        agent.close_gate()
+        (second,) = await collect(
+            client.send_message(send(message("second", context_id=ctx), return_immediately=True))
+        )
+        # The requests below read the first task as it was just before it ended: the next task of
+        # its context has started since.
+        runs = service.services.runs
+        get = runs.get
+
+        async def as_read_before_it_ended(owner: str, run_id: str) -> RunRecord | None:
+            run = await get(owner, run_id)
+            if run is not None and run.id == first.task.id:
+                return replace(run, status="running", finished_at=None)
+            return run
+
+        monkeypatch.setattr(runs, "get", as_read_before_it_ended)
+        with pytest.raises(UnsupportedOperationError):
+            await collect(client.send_message(send(message("meant for the first", task_id=first.task.id))))
+        with pytest.raises(TaskNotCancelableError):
+            await client.cancel_task(CancelTaskRequest(id=first.task.id))
+        monkeypatch.undo()
+
+        assert run_record(service, second.task.id)["status"] in ("queued", "running")
+        agent.gate.set()
+
+        async def completed() -> bool:
+            return (await client.get_task(GetTaskRequest(id=second.task.id))).status.state == COMPLETED
+
+        await async_wait_until(completed, what="the second task's end")
+    assert not agent.saw("meant for the first")

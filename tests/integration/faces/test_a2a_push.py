@@ -1,8 +1,9 @@
 """A2A push notification configs (FACES.md N-02, N-06) through the official ``a2a-sdk`` client: create,
 get, list and delete on a task (another owner's is TaskNotFound), a config sent with the message
 that gets the task's changes posted to a receiver on loopback (the approval it waits for, then the
-end, each a ``StreamResponse`` with the config's credentials), and URLs the service does not post
-to refused when given, nothing stored.
+end, each a ``StreamResponse`` with the config's credentials), and what the service does not take
+refused when given, nothing stored: URLs it does not post to, credentials no header can carry, an
+eleventh config of a task, a config with a message that is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from a2a.types.a2a_pb2 import (
     AuthenticationInfo,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
     ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
     TaskPushNotificationConfig,
@@ -40,7 +42,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     start_service_fixture,
 )
 from tests.support.fake_agents import ToolAgentBehaviour
-from tests.support.server import ServerThread
+from tests.support.server import ServerThread, async_wait_until
 from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.timeout(60)
@@ -181,3 +183,90 @@ async def test_a_refused_push_url_with_a_message_starts_nothing(service: ServerT
         with pytest.raises(InvalidParamsError):
             await collect(client.send_message(request))
         assert list((await client.list_tasks(ListTasksRequest())).tasks) == []
+
+
+async def test_a_task_takes_ten_push_configs_at_most(service: ServerThread, gated_llm: FakeLLM) -> None:
+    gated_llm.agent.close_gate()  # the task works until the gate opens
+    async with a2a_client(service.base_url, streaming=False) as client:
+        (sent,) = await collect(client.send_message(send(message("count to ten"), return_immediately=True)))
+        task_id = sent.task.id
+        for i in range(10):
+            await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=task_id, id=f"c{i}", url=f"http://127.0.0.1:9/{i}")
+            )
+        with pytest.raises(InvalidParamsError):
+            await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=task_id, id="c10", url="http://127.0.0.1:9/10")
+            )
+        # One of the ten given again replaces itself.
+        again = await client.create_task_push_notification_config(
+            TaskPushNotificationConfig(task_id=task_id, id="c3", url="http://127.0.0.1:9/again")
+        )
+        assert again.url == "http://127.0.0.1:9/again"
+        # An eleventh with a follow-up: refused before the follow-up is taken.
+        follow_up = send(message("and in hex, please", task_id=task_id))
+        follow_up.configuration.task_push_notification_config.CopyFrom(
+            TaskPushNotificationConfig(id="c11", url="http://127.0.0.1:9/11")
+        )
+        with pytest.raises(InvalidParamsError):
+            await collect(client.send_message(follow_up))
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task_id)
+        )
+        assert sorted(c.id for c in listed.configs) == sorted(f"c{i}" for i in range(10))
+        gated_llm.agent.gate.set()
+
+        async def completed() -> bool:
+            return (await client.get_task(GetTaskRequest(id=task_id))).status.state == COMPLETED
+
+        await async_wait_until(completed, what="the task's end")
+    assert not gated_llm.agent.saw("and in hex, please")
+
+
+async def test_credentials_no_header_can_carry_are_refused_when_given(service: ServerThread) -> None:
+    async with a2a_client(service.base_url, streaming=False) as client:
+        (sent,) = await collect(client.send_message(send(message("what is 6*7?"))))
+        task_id = sent.task.id
+        url = "http://127.0.0.1:9/hook"
+
+        def bearer(credentials: str, scheme: str = "Bearer") -> AuthenticationInfo:
+            return AuthenticationInfo(scheme=scheme, credentials=credentials)
+
+        for refused in (
+            TaskPushNotificationConfig(task_id=task_id, url=url, token="t\u00e9"),
+            TaskPushNotificationConfig(task_id=task_id, url=url, token="t\x7f"),
+            TaskPushNotificationConfig(task_id=task_id, url=url, token=" t"),
+            TaskPushNotificationConfig(task_id=task_id, url=url, authentication=bearer("s\u00e9")),
+            TaskPushNotificationConfig(task_id=task_id, url=url, authentication=bearer("a\x7fb")),
+            TaskPushNotificationConfig(task_id=task_id, url=url, authentication=bearer("s", "B\u00e9arer")),
+        ):
+            with pytest.raises(InvalidParamsError):
+                await client.create_task_push_notification_config(refused)
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task_id)
+        )
+        assert list(listed.configs) == []
+
+
+async def test_a_refused_message_on_a_task_stores_no_push_config(
+    service: ServerThread, gated_llm: FakeLLM
+) -> None:
+    gated_llm.agent.inner = ToolAgentBehaviour("calculator", {"expression": "6*7"})
+    async with a2a_client(service.base_url, streaming=False) as client:
+        (first,) = await collect(client.send_message(send(message("what is 6*7?"), agent=APPROVING)))
+        task_id = first.task.id
+        assert first.task.status.state == INPUT_REQUIRED
+        for refused in (
+            message(data({"approval_id": "apr_nothing", "decision": "approve"}), task_id=task_id),
+            message("go on", task_id=task_id),  # it waits for a decision
+        ):
+            request = send(refused)
+            request.configuration.task_push_notification_config.CopyFrom(
+                TaskPushNotificationConfig(id="hook", url="http://127.0.0.1:9/hook")
+            )
+            with pytest.raises(InvalidParamsError):
+                await collect(client.send_message(request))
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task_id)
+        )
+        assert list(listed.configs) == []

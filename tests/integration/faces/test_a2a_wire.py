@@ -1,11 +1,14 @@
 """The A2A face on the wire (FACES.md N-01, N-02): the agent card (1.0 and with 0.3 fields, ETag,
 Cache-Control, the service's auth as security schemes), the 0.3 method names, the caller's
 credentials, content types, and bodies no client should send: each answered in the binding's error
-shape, never a 500, nothing started.
+shape, never a 500, nothing started; ids the service could not have made (a NUL, which PostgreSQL
+refuses) are not found before any query; and a failure nobody foresaw is an internal error that
+quotes nothing of it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -156,3 +159,100 @@ def test_bodies_no_client_should_send_are_the_bindings_errors_and_start_nothing(
         response = http.get(f"/a2a/rest/tasks?{query}", headers=headers)
         assert response.status_code < 500, (query, response.text)
     assert runs_of_alice(http) == before
+
+
+NUL_ID = "run_\u0000x"
+"""No id the service makes: PostgreSQL refuses NUL in text, so a query with it fails (and quoted
+the statement and its parameters to the caller)."""
+
+
+def rpc_error(http: httpx.Client, method: str, params: dict[str, object]) -> dict[str, object]:
+    response = http.post(
+        "/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers={**ALICE, **V1}
+    )
+    assert response.status_code == 200, response.text
+    error: dict[str, object] = response.json()["error"]
+    assert "SELECT" not in response.text and "sqlalchemy" not in response.text.lower(), response.text
+    return error
+
+
+def test_ids_the_service_could_not_have_made_name_no_task_and_never_reach_the_database(
+    http: httpx.Client,
+) -> None:
+    nul_message = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    not_found = [
+        ("GetTask", {"id": NUL_ID}),
+        ("CancelTask", {"id": NUL_ID}),
+        ("SubscribeToTask", {"id": NUL_ID}),
+        ("CreateTaskPushNotificationConfig", {"taskId": NUL_ID, "url": "http://127.0.0.1:9/hook"}),
+        ("GetTaskPushNotificationConfig", {"taskId": NUL_ID, "id": "c"}),
+        ("ListTaskPushNotificationConfigs", {"taskId": NUL_ID}),
+        ("DeleteTaskPushNotificationConfig", {"taskId": NUL_ID, "id": "c"}),
+        ("SendMessage", {"message": {**nul_message, "taskId": NUL_ID}}),
+        ("SendStreamingMessage", {"message": {**nul_message, "taskId": NUL_ID}}),
+    ]
+    for method, params in not_found:
+        assert rpc_error(http, method, params)["code"] == -32001, method
+    invalid = [
+        ("ListTasks", {"contextId": "ctx-\u0000"}),
+        ("SendMessage", {"message": {**nul_message, "contextId": "ctx-\u0000"}}),
+        ("SendMessage", {"message": {**nul_message, "messageId": "m-\u0000"}}),
+    ]
+    for method, params in invalid:
+        assert rpc_error(http, method, params)["code"] == -32602, (method, params)
+
+    headers = {**ALICE, **V1}
+    for method, path, body in (
+        ("GET", "/a2a/rest/tasks/%00", None),
+        ("POST", "/a2a/rest/tasks/%00:cancel", {}),
+        ("GET", "/a2a/rest/tasks/%00:subscribe", None),
+        ("POST", "/a2a/rest/tasks/%00/pushNotificationConfigs", {"url": "http://127.0.0.1:9/hook"}),
+        ("GET", "/a2a/rest/tasks/%00/pushNotificationConfigs", None),
+        ("GET", "/a2a/rest/tasks/%00/pushNotificationConfigs/c", None),
+        ("DELETE", "/a2a/rest/tasks/%00/pushNotificationConfigs/c", None),
+        ("POST", "/a2a/rest/message:send", {"message": {**nul_message, "taskId": NUL_ID}}),
+    ):
+        response = http.request(method, path, json=body, headers=headers)
+        assert response.status_code == 404, (method, path, response.status_code, response.text)
+        assert response.json()["error"]["status"] == "NOT_FOUND", response.text
+    for method, path, body in (
+        ("GET", "/a2a/rest/tasks?contextId=%00", None),
+        ("POST", "/a2a/rest/message:send", {"message": {**nul_message, "messageId": "m-\u0000"}}),
+    ):
+        response = http.request(method, path, json=body, headers=headers)
+        assert response.status_code == 400, (method, path, response.status_code, response.text)
+
+    # A config id that could name no config: not found, and deleting it is no error (idempotent).
+    task = http.post(
+        "/a2a",
+        json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": nul_message}},
+        headers=headers,
+    ).json()["result"]["task"]
+    assert (
+        rpc_error(http, "GetTaskPushNotificationConfig", {"taskId": task["id"], "id": "c\u0000"})["code"]
+        == -32001
+    )
+    deleted = http.delete(f"/a2a/rest/tasks/{task['id']}/pushNotificationConfigs/c%00", headers=headers)
+    assert deleted.status_code < 300, deleted.text
+
+
+def test_an_unforeseen_failure_is_an_internal_error_that_says_nothing_of_it(
+    service: ServerThread,
+    http: httpx.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken(owner: str, run_id: str) -> None:
+        raise RuntimeError("SELECT * FROM runs WHERE token = 'secret-param'")
+
+    monkeypatch.setattr(service.services.runs, "get", broken)
+    with caplog.at_level(logging.ERROR, logger="app.api.faces.a2a"):
+        error = rpc_error(http, "GetTask", {"id": "run_abc"})
+        rest = http.get("/a2a/rest/tasks/run_abc", headers={**ALICE, **V1})
+    assert (error["code"], error["message"]) == (-32603, "internal error")
+    assert rest.status_code == 500, rest.text
+    assert (rest.json()["error"]["status"], rest.json()["error"]["message"]) == ("INTERNAL", "internal error")
+    assert "secret-param" not in rest.text
+    failures = [r for r in caplog.records if r.getMessage() == "an A2A request failed"]
+    assert len(failures) == 2 and all(getattr(r, "error", None) == "RuntimeError" for r in failures)
+    assert not any("secret-param" in str(vars(r)) for r in caplog.records)

@@ -117,7 +117,7 @@ def _skills(services: Services) -> list[AgentSkill]:
     return skills
 
 
-def agent_card(services: Services, request: Request, *, push_notifications: bool) -> AgentCard:
+def agent_card(services: Services, request: Request) -> AgentCard:
     base = base_url(services, request)
     settings = services.settings
     schemes, requirements = _security(services)
@@ -135,9 +135,8 @@ def agent_card(services: Services, request: Request, *, push_notifications: bool
         version=__version__,
         supported_interfaces=interfaces,
         provider=AgentProvider(organization=settings.a2a_agent_name, url=base),
-        capabilities=AgentCapabilities(
-            streaming=True, push_notifications=push_notifications, extended_agent_card=False
-        ),
+        # Push notification configs (N-06): delivered through the webhooks' durable outbox.
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True, extended_agent_card=False),
         security_requirements=requirements,
         default_input_modes=INPUT_MODES,
         default_output_modes=OUTPUT_MODES,

@@ -9,13 +9,17 @@ adds a follow-up or decides an approval. The SDK still does the wire: JSON-RPC a
 parsing, version negotiation, the 0.3 names, error shapes, SSE.
 
 The call's owner and the services come in the call context (``routes``); another owner's task
-is ``TaskNotFoundError``, as is an id that names no run.
+is ``TaskNotFoundError``, as is an id that names no run (one the service could not have made is
+not looked up). Whatever fails that is not an A2A error or the service's is logged (its type and
+where, never its text: a database error quotes the statement's parameters) and answered as an
+internal error that says no more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -49,7 +53,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from app.api.faces.a2a.push import checked_push_config, push_config_of
+from app.api.faces.a2a.push import checked_push_config, is_config_id, push_config_of
 from app.api.faces.a2a.requests import (
     Decision,
     Inbound,
@@ -59,14 +63,16 @@ from app.api.faces.a2a.requests import (
 )
 from app.api.faces.a2a.tasks import DEFAULT_PAGE_SIZE, FACE, TaskStore, question, task_of
 from app.api.faces.a2a.translate import TERMINAL, TaskEvents
-from app.api.faces.follow import is_waiting, payload, still_waits
+from app.api.faces.follow import follow_run, is_waiting, payload, still_waits
 from app.api.routes.conversations import checked_agent
-from app.api.routes.stream import SEAM_WAIT_S, title_from
+from app.api.routes.stream import title_from
+from app.api.schemas import is_resource_id
 from app.api.settle import decide_approval, edited_args
 from app.container import Services
 from app.db.errors import database_unreachable
 from app.db.repositories import ConversationRecord, RunRecord
-from app.db.repositories.push_configs import NewPushConfig
+from app.db.repositories.approvals import ApprovalRecord
+from app.db.repositories.push_configs import NewPushConfig, PushConfigLimitError
 from app.db.repositories.run_start import Placement
 from app.errors import (
     ApprovalClosedConflict,
@@ -77,7 +83,6 @@ from app.errors import (
     ServiceError,
 )
 from app.streaming.bus import BusUnavailableError, StoredEvent
-from app.streaming.resume import stream_events
 
 log = logging.getLogger("app.api.faces.a2a")
 
@@ -106,8 +111,9 @@ class _Outage(ServiceError):
         super().__init__("the database or the event bus is unreachable; retry shortly")
 
 
-def a2a_error(exc: Exception) -> Exception:
-    """The A2A error of a service error (or an outage); anything else is left as it is."""
+def a2a_error(exc: Exception) -> A2AError:
+    """The A2A error of a service error (or an outage); anything else is logged and answered as an
+    internal error that says nothing of it (the SDK would send its text)."""
     if isinstance(exc, A2AError):
         return exc
     if isinstance(exc, NotFoundError):
@@ -123,11 +129,16 @@ def a2a_error(exc: Exception) -> Exception:
         )
     if isinstance(exc, NoActiveRunError):
         return UnsupportedOperationError("the task has ended: it takes no more messages")
-    if isinstance(exc, ServiceError) and exc.status in (429, 503):
-        return RefusedError(exc)
+    if isinstance(exc, PushConfigLimitError):
+        return InvalidParamsError(str(exc))
+    if isinstance(exc, ServiceError):
+        return RefusedError(exc) if exc.status in (429, 503) else InternalError(exc.message)
     if isinstance(exc, ConnectionError | TimeoutError | BusUnavailableError) or database_unreachable(exc):
         return RefusedError(_Outage())
-    return exc
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+    log.error("an A2A request failed", extra={"error": type(exc).__name__, "where": where})
+    return InternalError("internal error")
 
 
 class _Call:
@@ -147,7 +158,7 @@ class _Call:
         return mapped
 
     async def run(self, task_id: str) -> RunRecord:
-        run = await self.services.runs.get(self.owner, task_id) if task_id else None
+        run = await self.services.runs.get(self.owner, task_id) if is_resource_id(task_id) else None
         if run is None:
             raise TaskNotFoundError()
         return run
@@ -191,7 +202,7 @@ class RunsRequestHandler(RequestHandler):
                 raise InvalidParamsError("historyLength must not be negative")
             conversation_id: str | None = None
             if params.context_id:
-                conv = await _find_context(call, params.context_id)
+                conv = await _find_context(call, checked_context_id(params.context_id))
                 if conv is None:
                     return ListTasksResponse(next_page_token="", page_size=_page_size(params), total_size=0)
                 conversation_id = conv.id
@@ -226,13 +237,14 @@ class RunsRequestHandler(RequestHandler):
             if conv is None:
                 raise TaskNotFoundError()
             try:
-                await call.services.manager.cancel(conv)
+                # This task's run only: another task of its context may have started meanwhile.
+                await call.services.manager.cancel(conv, run_id=run.id)
             except NoActiveRunError:
                 raise TaskNotCancelableError("the task has ended") from None
             # The run ends within moments, on whichever worker holds it: answer with that end.
             try:
                 async with asyncio.timeout(CANCEL_WAIT_S):
-                    async for _ in _events_of(call.services, run, after=None, stop_at_waiting=False):
+                    async for _ in follow_run(call.services, run, past_waits=True):
                         pass
             except TimeoutError:
                 log.warning("a cancelled run has not ended yet", extra={"run_id": run.id})
@@ -268,15 +280,15 @@ class RunsRequestHandler(RequestHandler):
         call = _Call(context)
         try:
             step = await _accept(call, params)
+            if step.ends_now:
+                yield await call.task(step.run)
+                return
+            async for event in _task_stream(
+                call, step.run, step.context_id, fresh=step.fresh, stop_at_waiting=True
+            ):
+                yield event
         except Exception as exc:
             raise call.refused(exc) from exc
-        if step.ends_now:
-            yield await call.task(step.run)
-            return
-        async for event in _task_stream(
-            call, step.run, step.context_id, fresh=step.fresh, stop_at_waiting=True
-        ):
-            yield event
 
     @validate_request_params
     async def on_subscribe_to_task(
@@ -288,10 +300,10 @@ class RunsRequestHandler(RequestHandler):
             if run.status in ENDED:
                 raise UnsupportedOperationError(f"the task is {run.status}: there is nothing to subscribe to")
             context_id = await call.context_id(run)
+            async for event in _task_stream(call, run, context_id, fresh=False, stop_at_waiting=False):
+                yield event
         except Exception as exc:
             raise call.refused(exc) from exc
-        async for event in _task_stream(call, run, context_id, fresh=False, stop_at_waiting=False):
-            yield event
 
     # -- push notification configs (N-06: deliveries through the webhooks' outbox) -----------
 
@@ -317,7 +329,11 @@ class RunsRequestHandler(RequestHandler):
         call = _Call(context)
         try:
             run = await call.run(params.task_id)
-            stored = await call.services.webhooks.push_configs.get(call.owner, run.id, params.id)
+            stored = (
+                await call.services.webhooks.push_configs.get(call.owner, run.id, params.id)
+                if is_config_id(params.id)
+                else None
+            )
             if stored is None:
                 raise TaskNotFoundError("push notification config not found")
             return push_config_of(stored)
@@ -344,7 +360,8 @@ class RunsRequestHandler(RequestHandler):
         try:
             run = await call.run(params.task_id)
             # Idempotent (A2A 3.1.10): deleting a config that is gone is no error.
-            await call.services.webhooks.push_configs.delete(call.owner, run.id, params.id)
+            if is_config_id(params.id):
+                await call.services.webhooks.push_configs.delete(call.owner, run.id, params.id)
         except Exception as exc:
             raise call.refused(exc) from exc
 
@@ -440,22 +457,18 @@ async def _new_run(call: _Call, params: SendMessageRequest, inbound: Inbound) ->
 async def _on_task(
     call: _Call, run: RunRecord, context_id: str, inbound: Inbound, params: SendMessageRequest
 ) -> _Step:
-    """A message on an existing task (N-04, N-05)."""
+    """A message on an existing task (N-04, N-05): everything checked, then its push config
+    stored, then what it says done, to this task's run only (a follow-up meant for a task that
+    ended never reaches the next task of its context)."""
     services = call.services
     if run.status in ENDED:
         raise UnsupportedOperationError(f"the task is {run.status}: it takes no more messages")
     conv = await services.conversations.get(call.owner, run.conversation_id)
     if conv is None:
         raise TaskNotFoundError()
-    for config in await _given_push_configs(call, params):
-        await services.webhooks.push_configs.create(call.owner, run.id, config)
-    after = await services.events.last_id(conv.id)
-    if inbound.decisions:
-        goes_on = await _decide(call, run, inbound.decisions)
-        if inbound.text:
-            await services.manager.interrupt(conv, inbound.text)
-        return _Step(run, context_id, fresh=False, after=after, ends_now=not goes_on)
-    if run.status in ("running", "waiting"):
+    configs = await _given_push_configs(call, params)
+    chosen = await _chosen(call, run, inbound.decisions) if inbound.decisions else []
+    if not inbound.decisions and run.status in ("running", "waiting"):
         pending = await services.approvals.pending(run_ids=[run.id])
         if pending:
             ids = ", ".join(a.id for a in pending)
@@ -463,13 +476,25 @@ async def _on_task(
                 f"task {run.id} waits for a decision on {ids}: send a data part "
                 '{"approval_id", "decision": "approve"|"deny", "reason"?, "tool_args"?}'
             )
+    for config in configs:
+        await services.webhooks.push_configs.create(call.owner, run.id, config)
+    after = await services.events.last_id(conv.id)
+    if chosen:
+        goes_on = await _decide(call, run, chosen)
+        if inbound.text:
+            await services.manager.interrupt(conv, inbound.text, run_id=run.id)
+        return _Step(run, context_id, fresh=False, after=after, ends_now=not goes_on)
     # A follow-up (API.md interrupt): the run folds it in at its next step.
-    await services.manager.interrupt(conv, inbound.text)
+    await services.manager.interrupt(conv, inbound.text, run_id=run.id)
     return _Step(run, context_id, fresh=False, after=after)
 
 
-async def _decide(call: _Call, run: RunRecord, decisions: list[Decision]) -> bool:
-    """Decides the run's pending approvals the message names; whether the run goes on."""
+_Chosen = tuple[ApprovalRecord, Decision, dict[str, Any]]
+
+
+async def _chosen(call: _Call, run: RunRecord, decisions: list[Decision]) -> list[_Chosen]:
+    """The run's pending approvals the message decides, each with its decision and the arguments
+    that will run; all checked, nothing decided yet."""
     services = call.services
     pending = {a.id: a for a in await services.approvals.pending(run_ids=[run.id])}
     if not pending:
@@ -490,7 +515,13 @@ async def _decide(call: _Call, run: RunRecord, decisions: list[Decision]) -> boo
         if decision.decision == "approve" and decision.tool_args is not None:
             args = edited_args(services, approval, decision.tool_args)
         chosen.append((approval, decision, args))
-    for approval, decision, args in chosen:  # all checked: now decided
+    return chosen
+
+
+async def _decide(call: _Call, run: RunRecord, chosen: list[_Chosen]) -> bool:
+    """Decides what ``_chosen`` checked; whether the run goes on."""
+    services = call.services
+    for approval, decision, args in chosen:
         await decide_approval(
             services,
             approval,
@@ -517,21 +548,13 @@ async def _given_push_configs(call: _Call, params: SendMessageRequest) -> list[N
 async def _events_of(
     services: Services, run: RunRecord, *, after: str | None, stop_at_waiting: bool
 ) -> AsyncIterator[tuple[StoredEvent, bool]]:
-    """The run's events after ``after`` (default: from its start), live, each with whether it is a
-    ``waiting`` that still waits; ends after its ``done``, or (``stop_at_waiting``) at a waiting
-    that still waits."""
-    async for event in stream_events(
-        services.bus,
-        services.events,
-        run.conversation_id,
-        after or run.start_cursor,
-        seam_wait_s=SEAM_WAIT_S,
-    ):
-        if event.run_id != run.id:
-            continue
+    """``follow_run``'s events, each with whether it is a ``waiting`` that still waits (the
+    translation needs it); ends after the ``done``, or (``stop_at_waiting``) at a waiting that
+    still waits."""
+    async for event in follow_run(services, run, after, past_waits=True):
         waits = is_waiting(event) and await still_waits(services, run.id, payload(event))
         yield event, waits
-        if event.is_done or (waits and stop_at_waiting):
+        if waits and stop_at_waiting:
             return
 
 
@@ -542,7 +565,7 @@ async def _task_stream(
     its start; an existing task's is what its stored events say, and the stream goes on after them."""
     services = call.services
     translation = TaskEvents(run.id, context_id)
-    first = question(run, None)
+    first = question(run)
     first.context_id = context_id
     after: str | None = None
     if not fresh:
@@ -551,14 +574,13 @@ async def _task_stream(
             translation.event(event, waits=False)
         if stored:
             after = stored[-1].id
-            latest = await services.runs.get(call.owner, run.id) or run
-            if latest.status == "waiting":
-                # The snapshot says what it waits for now (a decision may have come since).
-                snapshot = await call.task(latest)
-                translation.state = snapshot.status.state
-                translation.status_message = (
-                    snapshot.status.message if snapshot.status.HasField("message") else None
-                )
+        # Whether it waits for a person is GetTask's answer, from the run and its approvals now
+        # (``task_of``): a run that asked waits from then on, though its row says running until
+        # it parks; and a decision may have come since the stored waiting.
+        now = await call.task(run)
+        if now.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            translation.state = now.status.state
+            translation.status_message = now.status.message if now.status.HasField("message") else None
     elif run.status == "running":
         translation.state = TaskState.TASK_STATE_WORKING  # it started at once
     snapshot = translation.snapshot(first)

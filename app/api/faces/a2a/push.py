@@ -4,7 +4,9 @@ The deliveries themselves are the webhooks' outbox's (``app.webhooks``): a confi
 its task (``PushConfigRepo``), and each status change of the run owes it one ``StreamResponse``.
 Its URL is checked as every webhook URL is (http or https, no credentials, ``WEBHOOK_ALLOWED_HOSTS``,
 no loopback, private or link-local address unless ``WEBHOOK_ALLOW_PRIVATE``): a refused one is
-``InvalidParamsError`` and nothing is stored.
+``InvalidParamsError`` and nothing is stored, as are a token or credentials that could not be
+sent in a header (anything but printable ASCII, or spaces around it): every attempt to deliver
+would fail.
 """
 
 from __future__ import annotations
@@ -22,31 +24,48 @@ MAX_CONFIG_ID = 200
 MAX_SECRET_CHARS = 4096
 
 
+def _has_controls(text: str) -> bool:
+    return any(ord(c) < 32 or c == "\x7f" for c in text)
+
+
 def _checked(text: str, what: str, limit: int) -> str:
     if len(text) > limit:
         raise InvalidParamsError(f"{what} may have at most {limit} characters")
-    if "\x00" in text or any(ord(c) < 32 for c in text):
+    if _has_controls(text):
         raise InvalidParamsError(f"{what} must not contain control characters")
     return text
+
+
+def _header_value(text: str, what: str, limit: int) -> str:
+    """What goes into a delivery's header as it is: printable ASCII, no space at either end."""
+    _checked(text, what, limit)
+    if not text.isascii() or text != text.strip(" "):
+        raise InvalidParamsError(f"{what} is sent in a header: printable ASCII only, no space at either end")
+    return text
+
+
+def is_config_id(value: str) -> bool:
+    """Whether ``value`` could name a stored config (anything else names none)."""
+    return 0 < len(value) <= MAX_CONFIG_ID and not _has_controls(value)
 
 
 async def checked_push_config(services: Services, config: TaskPushNotificationConfig) -> NewPushConfig:
     if not config.url:
         raise InvalidParamsError("a push notification config needs a url")
-    try:
-        await services.webhooks.policy.check(config.url)
-    except WebhookRefusedError as exc:
-        raise InvalidParamsError(f"push notification url refused: {exc}") from None
     config_id = _checked(config.id, "the config's id", MAX_CONFIG_ID) or uuid.uuid4().hex
-    token = _checked(config.token, "token", MAX_SECRET_CHARS) or None
+    token = _header_value(config.token, "token", MAX_SECRET_CHARS) or None
     authentication = None
     if config.HasField("authentication") and config.authentication.scheme:
         authentication = {
-            "scheme": _checked(config.authentication.scheme, "authentication.scheme", 100),
-            "credentials": _checked(
+            "scheme": _header_value(config.authentication.scheme, "authentication.scheme", 100),
+            "credentials": _header_value(
                 config.authentication.credentials, "authentication.credentials", MAX_SECRET_CHARS
             ),
         }
+    try:  # last: it may look the host up
+        await services.webhooks.policy.check(config.url)
+    except WebhookRefusedError as exc:
+        raise InvalidParamsError(f"push notification url refused: {exc}") from None
     return NewPushConfig(config_id=config_id, url=config.url, token=token, authentication=authentication)
 
 

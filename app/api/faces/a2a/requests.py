@@ -88,6 +88,7 @@ def _decision(data: dict[str, Any]) -> Decision:
 
 
 def read_message(message: Message) -> Inbound:
+    _checked_text(message.message_id, "messageId")
     texts: list[str] = []
     decisions: list[Decision] = []
     for part in message.parts:

@@ -55,9 +55,6 @@ router = APIRouter(tags=["a2a"])
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-PUSH_NOTIFICATIONS = True
-"""Push notification configs (N-06), delivered through the webhooks' durable outbox."""
-
 
 class CallContext(ServerCallContextBuilder):
     """The SDK's call context, with what ``RunsRequestHandler`` needs: the services, the caller
@@ -188,7 +185,7 @@ for route in create_rest_routes(
 
 async def _card(request: Request) -> Response:
     services = _services(request)
-    card = agent_card(services, request, push_notifications=PUSH_NOTIFICATIONS)
+    card = agent_card(services, request)
     body, etag = card_json(card, legacy=request.url.path == LEGACY_CARD_PATH)
     headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
     if etag_matches(request.headers.get("if-none-match"), etag):

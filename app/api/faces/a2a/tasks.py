@@ -53,10 +53,10 @@ def status_time(run: RunRecord) -> datetime:
     return run.finished_at or run.created_at
 
 
-def question(run: RunRecord, client_id: str | None = None) -> Message:
+def question(run: RunRecord) -> Message:
     """The task's question, as the first message of its history."""
     return Message(
-        message_id=client_id or f"{run.id}-question",
+        message_id=f"{run.id}-question",
         task_id=run.id,
         role=Role.ROLE_USER,
         parts=[text_part(run.message)],

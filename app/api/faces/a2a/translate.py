@@ -154,11 +154,10 @@ class TaskEvents:
     answer_closed: bool = False
     requested: dict[str, dict[str, Any]] = field(default_factory=dict)
     """What the run asked for, by approval id and by client call id."""
-    follow_ups: list[str] = field(default_factory=list)
 
     # -- the translation ---------------------------------------------------------------------
 
-    def event(self, event: StoredEvent, *, waits: bool = True) -> list[A2AEvent]:
+    def event(self, event: StoredEvent, *, waits: bool) -> list[A2AEvent]:
         """The A2A events of ``event``; ``waits``: for a ``waiting`` phase, whether what it names
         still waits (one settled meanwhile is passed by: the run goes on)."""
         data: dict[str, Any] = json.loads(event.data)
@@ -178,8 +177,6 @@ class TaskEvents:
             return self._waiting(event, data, ms) if waits else []
         if name == "phase" and data.get("phase") == "resumed":
             self._restart_answer()
-        if name == "inject" and isinstance(data.get("content"), str):
-            self.follow_ups.append(data["content"])
         text = describe(name, data)
         if text is None:
             return []
