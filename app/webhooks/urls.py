@@ -4,8 +4,11 @@ again before each delivery.
 http and https only, no credentials in the URL. With ``WEBHOOK_ALLOWED_HOSTS`` set, the host must be
 one of them (compared before anything is resolved, so no other name is even looked up). The host is
 resolved, and every address it has must be a public unicast one unless ``WEBHOOK_ALLOW_PRIVATE``:
-never loopback, private, shared, link-local, reserved; multicast and unspecified addresses never at
-all. A delivery then connects to the very address that was checked (``Target``), so a name that
+never loopback, private, shared, link-local, site-local, reserved; multicast and unspecified
+addresses never at all. An IPv6 address that carries an IPv4 one (IPv4-mapped, 6to4, Teredo) is
+judged by the IPv4 address too. Host names are looked up in a few threads of their own
+(``system_resolver``), so that a slow DNS holds none of the threads the rest of the process shares.
+A delivery then connects to the very address that was checked (``Target``), so a name that
 resolves elsewhere a moment later (DNS rebinding) cannot send it anywhere else; redirects are not
 followed.
 
@@ -17,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -26,6 +31,8 @@ from app.settings import Settings
 
 MAX_URL_CHARS = 2048
 RESOLVE_TIMEOUT_S = 5.0
+LOOKUP_THREADS = 8
+"""Host name lookups under way at once in a process; more wait their turn (within their 5 s)."""
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """``resolve(host, port)``: the addresses of a host name, as text."""
@@ -47,9 +54,7 @@ class Target:
     """A checked URL: where a delivery connects (``request_url``, the checked address in place of
     the host name), and what it tells the receiver (``Host``, and the TLS server name)."""
 
-    url: str
     host: str
-    address: str
     request_url: httpx.URL
     host_header: str
 
@@ -59,9 +64,29 @@ class Target:
         return self.host if self.request_url.scheme == "https" else None
 
 
+_lookups: ThreadPoolExecutor | None = None
+_lookups_made = threading.Lock()
+
+
+def _lookup_threads() -> ThreadPoolExecutor:
+    """The threads host names are looked up in: a lookup that outlasts its timeout still holds its
+    thread until the system resolver gives up, and in the loop's default executor a slow DNS would
+    hold every thread the rest of the process shares (``asyncio.to_thread``, the loop's own)."""
+    global _lookups
+    with _lookups_made:
+        if _lookups is None:
+            _lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="webhook-dns")
+        return _lookups
+
+
+def _getaddrinfo(host: str, port: int) -> list[str]:
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
 async def system_resolver(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
+    """The system's addresses of ``host``, at most ``LOOKUP_THREADS`` lookups at once (one given
+    up before its turn never starts)."""
+    return await asyncio.get_running_loop().run_in_executor(_lookup_threads(), _getaddrinfo, host, port)
 
 
 def _address(text: str) -> IpAddress | None:
@@ -73,8 +98,26 @@ def _address(text: str) -> IpAddress | None:
     return mapped if mapped is not None else address
 
 
+def _carried(address: IpAddress) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """The IPv4 addresses an IPv6 one carries, with the kind of address that carries them: a 6to4
+    address (2002::/16) is routed to its IPv4 one by a relay, a Teredo one (2001::/32) to its
+    client's (and through its server)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    if address.sixtofour is not None:
+        return [("6to4", address.sixtofour)]
+    if address.teredo is not None:
+        server, client = address.teredo
+        return [("Teredo", client), ("Teredo", server)]
+    return []
+
+
 def refusal(address: IpAddress, *, allow_private: bool) -> str | None:
     """Why a delivery may not go to ``address``, or None if it may."""
+    for kind, carried in _carried(address):
+        why = refusal(carried, allow_private=allow_private)
+        if why is not None:
+            return f"{why} (in a {kind} address)"
     if address.is_unspecified:
         return "an unspecified address"
     if address.is_multicast:
@@ -85,6 +128,8 @@ def refusal(address: IpAddress, *, allow_private: bool) -> str | None:
         return "a loopback address"
     if address.is_link_local:
         return "a link-local address"
+    if isinstance(address, ipaddress.IPv6Address) and address.is_site_local:
+        return "a site-local address"  # fec0::/10, deprecated; Python counts it global
     if address.is_private or address.is_reserved or not address.is_global:
         return "a private address"
     return None
@@ -168,9 +213,7 @@ class UrlPolicy:
             checked.append(address)
         address = checked[0]
         return Target(
-            url=url,
             host=host,
-            address=str(address),
             request_url=parsed.copy_with(host=str(address), fragment=None),
             host_header=parsed.netloc.decode("ascii"),
         )
