@@ -362,6 +362,8 @@ class Approval(Base):
 
 PENDING_DELIVERY = text("delivered_at IS NULL AND given_up_at IS NULL")
 """A delivery of the outbox that is neither made nor given up: due at ``next_attempt_at``."""
+DELIVERED = text("delivered_at IS NOT NULL")
+GIVEN_UP = text("given_up_at IS NOT NULL")
 
 
 class WebhookDelivery(Base):
@@ -382,6 +384,19 @@ class WebhookDelivery(Base):
             sqlite_where=PENDING_DELIVERY,
             postgresql_where=PENDING_DELIVERY,
         ),
+        # What pruning deletes: made or given up long ago (``Outbox.prune``, one index each).
+        Index(
+            "ix_webhook_deliveries_delivered_at",
+            "delivered_at",
+            sqlite_where=DELIVERED,
+            postgresql_where=DELIVERED,
+        ),
+        Index(
+            "ix_webhook_deliveries_given_up_at",
+            "given_up_at",
+            sqlite_where=GIVEN_UP,
+            postgresql_where=GIVEN_UP,
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -391,6 +406,9 @@ class WebhookDelivery(Base):
     event: Mapped[str] = mapped_column(String(32))
     """What it tells: the run's status then (``waiting``, ``completed``, ...)."""
     url: Mapped[str] = mapped_column(Text)
+    host: Mapped[str | None] = mapped_column(Text)
+    """The URL's host name, lower case: a worker makes only a few attempts at once per host. None
+    on rows queued before revision 0011 (or by a worker of the version before it)."""
     headers: Mapped[dict[str, Any]]
     """Headers of its own (an A2A config's ``Authorization``): a secret, never logged."""
     body: Mapped[str] = mapped_column(Text)

@@ -1,11 +1,16 @@
 """``Deliverer``: each worker's loop that drains the webhooks' outbox (FACES.md N-06, N-07).
 
 It claims due deliveries (``Outbox.claim``), a few at a time, and makes each attempt as a task of
-its own: the URL checked again and resolved (``UrlPolicy``), a POST to the very address checked,
-10 s to answer, no redirect followed, the Standard Webhooks headers (``signing``). A 2xx answer is
-a delivery; anything else (a host that does not resolve too) is retried with exponential backoff
-and jitter until the delivery is ``WEBHOOK_MAX_AGE_S`` old, then given up; a URL refused now for
-what it is or where it resolves to is given up at once (nothing is sent).
+its own: the URL checked again and resolved (``UrlPolicy``), a POST to the very address checked on
+a connection of its own, 10 s to answer (3 of them to connect), no redirect followed, the Standard
+Webhooks headers (``signing``; run webhooks are signed, A2A push notifications carry their config's
+credentials instead). At most ``MAX_PER_HOST`` of a worker's attempts go to one host at once: the
+claims skip a host that has them, so a receiver that never answers holds a few attempts, not all
+of them, and the other hosts' deliveries go on.
+
+A 2xx answer is a delivery; anything else (a host that does not resolve too) is retried with
+exponential backoff and jitter until the delivery is ``WEBHOOK_MAX_AGE_S`` old, then given up; a
+URL refused now for what it is or where it resolves to is given up at once (nothing is sent).
 
 While an attempt is under way its claim is renewed every third of ``WEBHOOK_CLAIM_S``; an attempt
 whose claim could not be renewed stops before the claim can lapse, so no other worker ever makes
@@ -37,15 +42,23 @@ from app.webhooks.urls import UrlPolicy, WebhookRefusedError
 log = logging.getLogger("app.webhooks")
 
 TIMEOUT_S = 10.0
-"""How long a receiver has to answer an attempt (N-06)."""
+"""How long a receiver has to answer an attempt (N-06), connecting included."""
+CONNECT_TIMEOUT_S = 3.0
+"""How long connecting (and the TLS handshake) may take of that."""
 MAX_IN_FLIGHT = 16
 """Attempts one worker makes at once."""
+MAX_PER_HOST = 4
+"""Attempts one worker makes at once to one host."""
 POLL_S = 1.0
 """Longest pause between two looks for due deliveries (this worker's own are looked at at once)."""
 MIN_WAIT_S = 0.02
 MAX_BACKOFF_S = 3600.0
 """The longest wait between two attempts at one delivery."""
 PRUNE_EVERY_S = 600.0
+PRUNE_BATCH = 500
+"""Deliveries deleted a transaction (SQLite's one write lock is let go between two)."""
+PRUNE_BATCHES = 20
+"""Transactions a prune makes at most: a worker deletes up to 10,000 deliveries every 10 minutes."""
 KEPT_S = 7 * 86400.0
 """Deliveries made or given up are kept this long (to be looked at), then deleted."""
 USER_AGENT = f"AgentStream-Webhooks/{__version__}"
@@ -70,6 +83,8 @@ class _Flight:
     """An attempt under way: its claim's local deadline moves with each renewal."""
 
     delivery: Delivery
+    claimed_at: float
+    """The loop's clock just before the claim was asked: its lease counts from no earlier."""
     task: asyncio.Task[None] | None = None
     deadline: asyncio.Timeout | None = None
     recording: bool = False
@@ -106,7 +121,7 @@ class Deliverer:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
-        self._last_prune = 0.0
+        self._next_prune = 0.0  # the loop's first look prunes
 
     @classmethod
     def from_settings(
@@ -127,9 +142,15 @@ class Deliverer:
 
     def start(self) -> None:
         # No proxy from the environment (it would connect elsewhere than the address checked), no
-        # redirect followed.
+        # redirect followed. No connection kept for another attempt: a pool tells connections apart
+        # by the address connected to, and a TLS connection verified for one host name would carry
+        # a delivery for another name on the same address.
         self._client = httpx.AsyncClient(
-            timeout=TIMEOUT_S, follow_redirects=False, trust_env=False, transport=self._transport
+            timeout=httpx.Timeout(TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_keepalive_connections=0),
+            follow_redirects=False,
+            trust_env=False,
+            transport=self._transport,
         )
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="webhook-claims"),
@@ -168,10 +189,6 @@ class Deliverer:
         """Look for due deliveries now (this worker queued some)."""
         self._wake.set()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._flights)
-
     # ---- claiming --------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
@@ -192,32 +209,61 @@ class Deliverer:
         room = MAX_IN_FLIGHT - len(self._flights)
         if room <= 0:
             return POLL_S  # an attempt that ends wakes the loop
+        per_host = self._per_host()
+        busy = {host for host, count in per_host.items() if count >= MAX_PER_HOST}
         # A read first: with nothing due (most looks) no worker writes, which on SQLite would
         # take the one write lock every worker shares.
-        due = await self.outbox.next_due()
+        due = await self.outbox.next_due(skip_hosts=busy)
         if due is None:
             return POLL_S
         wait_s = (due - utcnow()).total_seconds()
         if wait_s > 0:
             return min(POLL_S, max(MIN_WAIT_S, wait_s))
-        claimed = await self.outbox.claim(self.worker_id, room, self.claim_s)
+        # Before the claim is asked: its lease counts from a moment after this, never before.
+        claimed_at = asyncio.get_running_loop().time()
+        claimed = await self.outbox.claim(self.worker_id, room, self.claim_s, skip_hosts=busy)
+        over: list[Delivery] = []
         for delivery in claimed:
-            self._launch(delivery)
-        # Something claimed: look again at once (more may be due); nothing (another worker was
-        # first): not before a while.
-        return 0.0 if claimed else POLL_S / 4
+            if per_host.get(delivery.host, 0) >= MAX_PER_HOST:
+                over.append(delivery)  # more of one host than it may have at once
+                continue
+            per_host[delivery.host] = per_host.get(delivery.host, 0) + 1
+            self._launch(delivery, claimed_at)
+        if over:
+            await self.outbox.hand_back(over, self.worker_id)
+        # Something started: look again at once (more may be due, other hosts' among them);
+        # nothing (another worker was first): not before a while.
+        return 0.0 if len(over) < len(claimed) else POLL_S / 4
+
+    def _per_host(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for flight in self._flights.values():
+            counts[flight.delivery.host] = counts.get(flight.delivery.host, 0) + 1
+        return counts
 
     async def _prune_now_and_then(self) -> None:
         now = time.monotonic()
-        if now - self._last_prune < PRUNE_EVERY_S:
+        if now < self._next_prune:
             return
-        self._last_prune = now
-        gone = await self.outbox.prune(utcnow() - timedelta(seconds=KEPT_S))
+        self._next_prune = now + PRUNE_EVERY_S
+        gone = await self.prune()
         if gone:
             log.info("pruned old webhook deliveries", extra={"deliveries": gone})
 
-    def _launch(self, delivery: Delivery) -> None:
-        flight = _Flight(delivery)
+    async def prune(self) -> int:
+        """Delete what was made or given up ``KEPT_S`` ago, a batch a transaction while batches
+        come back full, ``PRUNE_BATCHES`` at most; how many."""
+        before = utcnow() - timedelta(seconds=KEPT_S)
+        gone = 0
+        for _ in range(PRUNE_BATCHES):
+            batch = await self.outbox.prune(before, limit=PRUNE_BATCH)
+            gone += batch
+            if batch < PRUNE_BATCH:
+                break
+        return gone
+
+    def _launch(self, delivery: Delivery, claimed_at: float) -> None:
+        flight = _Flight(delivery, claimed_at)
         self._flights[delivery.id] = flight
         flight.task = asyncio.create_task(self._fly(flight), name=f"webhook-{delivery.id}")
 
@@ -248,10 +294,9 @@ class Deliverer:
 
     async def _fly(self, flight: _Flight) -> None:
         delivery = flight.delivery
-        loop = asyncio.get_running_loop()
         try:
             try:
-                async with asyncio.timeout_at(loop.time() + self._hold_s) as deadline:
+                async with asyncio.timeout_at(flight.claimed_at + self._hold_s) as deadline:
                     flight.deadline = deadline
                     outcome = await self._attempt(delivery)
             except TimeoutError:
@@ -281,11 +326,14 @@ class Deliverer:
             return Outcome(False, f"refused: {exc}", refused=not exc.transient)
         assert self._client is not None, "the deliverer is not started"
         body = delivery.body.encode()
+        # Run webhooks only: an A2A push goes to any URL a client registers and carries the
+        # config's own credentials; signing it would hand out signed samples of the one secret.
+        key = self.signing_key if delivery.kind == "run" else None
         headers = {
             **delivery.headers,
             "content-type": "application/json",
             "user-agent": USER_AGENT,
-            **webhook_headers(self.signing_key, delivery.id, int(time.time()), body),
+            **webhook_headers(key, delivery.id, int(time.time()), body),
             "host": target.host_header,
         }
         extensions = {"sni_hostname": target.sni_hostname} if target.sni_hostname else {}

@@ -6,20 +6,22 @@ Any worker claims due deliveries (``Outbox.claim``): the claim counts an attempt
 under a lease (``claimed_by``, ``claimed_until``), so two workers never make the same attempt at
 once, and the claims of a worker that died come back when their lease runs out. PostgreSQL's
 ``FOR UPDATE SKIP LOCKED`` lets workers claiming at the same moment take different rows; SQLite has
-one writer, and the claim is one conditional UPDATE. The worker renews its claims while it
-delivers, then records the outcome, fenced by its claim: an attempt whose claim was lost records
-nothing.
+one writer, and the claim is one conditional UPDATE. A claim skips the hosts a worker already
+makes enough attempts at (``skip_hosts``: each row keeps its URL's ``host``). The worker renews its
+claims while it delivers, then records the outcome, fenced by its claim: an attempt whose claim was
+lost records nothing.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
-from sqlalchemy import Table, Update, and_, case, delete, func, insert, or_, select, update
+from sqlalchemy import Table, Update, and_, case, delete, func, insert, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import WebhookDelivery, utcnow
@@ -35,6 +37,15 @@ _PENDING = and_(_d.delivered_at.is_(None), _d.given_up_at.is_(None))
 
 def new_delivery_id() -> str:
     return "wh_" + secrets.token_urlsafe(16)
+
+
+def host_of(url: str) -> str:
+    """The host a delivery to ``url`` goes to, as a worker counts its attempts per host: the name
+    in lower case, no trailing dot ("" if the URL has none)."""
+    try:
+        return (urlsplit(url).hostname or "").rstrip(".")
+    except ValueError:
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +68,8 @@ class Delivery:
     run_id: str
     event: str
     url: str
+    host: str
+    """``host_of(url)``, as stored (worked out from the URL for rows stored without it)."""
     headers: dict[str, str]
     body: str
     created_at: datetime
@@ -76,6 +89,7 @@ def _delivery(row: Any) -> Delivery:
         run_id=row.run_id,
         event=row.event,
         url=row.url,
+        host=row.host if row.host is not None else host_of(row.url),
         headers=dict(row.headers),
         body=row.body,
         created_at=row.created_at,
@@ -107,6 +121,7 @@ async def enqueue(
                 "run_id": new.run_id,
                 "event": new.event,
                 "url": new.url,
+                "host": host_of(new.url),
                 "headers": dict(new.headers),
                 "body": new.body,
                 # Apart by a microsecond each: claimed in the order they were queued.
@@ -127,9 +142,20 @@ def _due(now: datetime) -> Any:
     )
 
 
-def _claim(postgres: bool, limit: int, now: datetime) -> Update:
-    """``UPDATE`` of the ``limit`` deliveries due longest, still due, returning their rows."""
-    due = select(_d.id).where(_due(now)).order_by(_d.next_attempt_at, _d.id).limit(limit)
+def _not_to(hosts: Collection[str]) -> Any:
+    """Deliveries to none of ``hosts`` (those stored without a host are not told apart)."""
+    return or_(_d.host.is_(None), _d.host.not_in(sorted(hosts))) if hosts else true()
+
+
+def _claim(postgres: bool, limit: int, now: datetime, skip_hosts: Collection[str]) -> Update:
+    """``UPDATE`` of the ``limit`` deliveries due longest (to none of ``skip_hosts``), still due,
+    returning their rows."""
+    due = (
+        select(_d.id)
+        .where(_due(now), _not_to(skip_hosts))
+        .order_by(_d.next_attempt_at, _d.id)
+        .limit(limit)
+    )
     if postgres:
         # Rows another worker is claiming are skipped, not waited for. A materialised CTE, not
         # ``IN (subquery)``, which PostgreSQL may run again per row (as app.db.repositories.queue).
@@ -151,26 +177,34 @@ def _held(delivery: Delivery, worker_id: str) -> Any:
     )
 
 
+def _prunable(done_at: Any, before: datetime, limit: int) -> Any:
+    """The ids of up to ``limit`` deliveries whose ``done_at`` (made or given up) is before
+    ``before``: a range of that column's index."""
+    return select(_d.id).where(done_at < before).limit(limit)
+
+
 class Outbox:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
 
-    async def enqueue(self, deliveries: Sequence[NewDelivery]) -> list[str]:
-        """Store ``deliveries`` in a transaction of their own (``enqueue`` joins the caller's)."""
-        async with self._sessionmaker.begin() as session:
-            return await enqueue(session, deliveries)
-
     async def claim(
-        self, worker_id: str, limit: int, lease_s: float, *, now: datetime | None = None
+        self,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        *,
+        now: datetime | None = None,
+        skip_hosts: Collection[str] = (),
     ) -> list[Delivery]:
         """Claim up to ``limit`` due deliveries for ``worker_id``'s next attempt at each, held for
-        ``lease_s``; oldest due first. A delivery claimed by a live worker is not due."""
+        ``lease_s``; oldest due first, none to ``skip_hosts``. A delivery claimed by a live worker
+        is not due."""
         if limit <= 0:
             return []
         now = now if now is not None else utcnow()
         async with self._sessionmaker.begin() as session:
             postgres = session.get_bind().dialect.name == "postgresql"
-            claim = _claim(postgres, limit, now).values(
+            claim = _claim(postgres, limit, now, skip_hosts).values(
                 claimed_by=worker_id,
                 claimed_until=now + timedelta(seconds=lease_s),
                 attempts=_d.attempts + 1,
@@ -241,38 +275,52 @@ class Outbox:
             )
         return int(result.rowcount)  # type: ignore[attr-defined]
 
-    async def get(self, delivery_id: str) -> Delivery | None:
-        async with self._sessionmaker() as session:
-            row = (await session.execute(select(_deliveries).where(_d.id == delivery_id))).first()
-        return _delivery(row) if row is not None else None
-
-    async def of_run(self, run_id: str) -> list[Delivery]:
-        """The deliveries about a run, in the order they were queued."""
-        async with self._sessionmaker() as session:
-            rows = await session.execute(
-                select(_deliveries).where(_d.run_id == run_id).order_by(_d.created_at, _d.id)
+    async def hand_back(self, deliveries: Sequence[Delivery], worker_id: str) -> int:
+        """Undo ``worker_id``'s claims of ``deliveries``, just taken, whose attempts it will not
+        make now (their host has enough of its attempts under way): due as before, no attempt
+        counted. A row stored without its host gets it, so that the next claim skips it."""
+        if not deliveries:
+            return 0
+        held = or_(*(_held(d, worker_id) for d in deliveries))
+        hosts = {d.id: d.host for d in deliveries}
+        async with self._sessionmaker.begin() as session:
+            result = await session.execute(
+                update(_deliveries)
+                .where(held)
+                .values(
+                    claimed_by=None,
+                    claimed_until=None,
+                    attempts=_d.attempts - 1,
+                    host=func.coalesce(_d.host, case(hosts, value=_d.id)),
+                )
             )
-            return [_delivery(row) for row in rows]
+        return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def pending_count(self) -> int:
         """Deliveries neither made nor given up, across the service (the queue's depth)."""
         async with self._sessionmaker() as session:
             return int(await session.scalar(select(func.count()).where(_PENDING)) or 0)
 
-    async def next_due(self) -> datetime | None:
-        """When the earliest pending delivery is due (None: none is pending); one claimed is due
-        when its claim lapses, at the earliest."""
+    async def next_due(self, *, skip_hosts: Collection[str] = ()) -> datetime | None:
+        """When the earliest pending delivery (to none of ``skip_hosts``) is due (None: none is
+        pending); one claimed is due when its claim lapses, at the earliest."""
         due_at = case((_d.claimed_until > _d.next_attempt_at, _d.claimed_until), else_=_d.next_attempt_at)
         async with self._sessionmaker() as session:
-            due: datetime | None = await session.scalar(select(func.min(due_at)).where(_PENDING))
+            due: datetime | None = await session.scalar(
+                select(func.min(due_at)).where(_PENDING, _not_to(skip_hosts))
+            )
         return due
 
     async def prune(self, before: datetime, *, limit: int = 500) -> int:
-        """Delete up to ``limit`` deliveries made or given up before ``before``."""
+        """Delete up to ``limit`` deliveries made or given up before ``before``, in one
+        transaction; how many. Fewer than ``limit``: none is left."""
+        gone = 0
         async with self._sessionmaker.begin() as session:
-            done = or_(_d.delivered_at < before, _d.given_up_at < before)
-            ids = list(await session.scalars(select(_d.id).where(done).limit(limit)))
-            if not ids:
-                return 0
-            result = await session.execute(delete(_deliveries).where(_d.id.in_(ids)))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+            for done_at in (_d.delivered_at, _d.given_up_at):
+                result = await session.execute(
+                    delete(_deliveries).where(_d.id.in_(_prunable(done_at, before, limit - gone)))
+                )
+                gone += int(result.rowcount)  # type: ignore[attr-defined]
+                if gone >= limit:
+                    break
+        return gone

@@ -24,7 +24,8 @@ from app.db.repositories.rows import path_to
 from app.db.repositories.run_start import UNDER_HEAD, Placement
 from app.db.session import Database, create_engine
 from app.llm.base import ChatMessage, ToolCall
-from app.webhooks.outbox import NewDelivery, Outbox
+from app.webhooks.outbox import NewDelivery
+from tests.support.outbox import InspectableOutbox
 
 APP_TABLES = {
     "conversations",
@@ -658,7 +659,7 @@ async def test_the_webhooks_revision_adds_the_outbox_and_push_configs_and_undoes
     db = Database(database_url)
     try:
         owed = NewDelivery("run", "run_old", "completed", "https://x.example/h", "{}")
-        await Outbox(db.sessionmaker).enqueue([owed])
+        await InspectableOutbox(db.sessionmaker).enqueue([owed])
         config = NewPushConfig("c", "https://x.example/p")
         assert await PushConfigRepo(db.sessionmaker).create("alice", "run_old", config)
     finally:
@@ -669,5 +670,50 @@ async def test_the_webhooks_revision_adds_the_outbox_and_push_configs_and_undoes
     assert await inspect_database(database_url, table_names) & {"webhook_deliveries", "push_configs"} == set()
     assert "webhook" not in await inspect_database(database_url, run_columns)
     assert await scalar(database_url, "SELECT answer FROM runs WHERE id = 'run_old'") == "4"
+    await asyncio.to_thread(upgrade_database, database_url)
+    assert await inspect_database(database_url, schema_diff) == []
+
+
+def delivery_indexes(conn: Connection) -> set[str]:
+    return {i["name"] for i in inspect(conn).get_indexes("webhook_deliveries")}
+
+
+async def test_the_webhook_hosts_revision_keeps_what_is_owed_and_undoes_cleanly(database_url: str) -> None:
+    # A delivery owed when 0010 was the schema (no host): claimed after the upgrade, told by its URL.
+    await asyncio.to_thread(upgrade_database, database_url, "0010")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    await execute(
+        database_url,
+        "INSERT INTO webhook_deliveries (id, kind, run_id, event, url, headers, body, created_at, "
+        "next_attempt_at, attempts) VALUES ('wh_old', 'run', 'run_old', 'completed', "
+        "'https://Hooks.example.com/in', '{}', '{}', :now, :now, 0)",
+        {"now": now},
+    )
+
+    await asyncio.to_thread(upgrade_database, database_url)
+
+    assert {
+        "ix_webhook_deliveries_delivered_at",
+        "ix_webhook_deliveries_given_up_at",
+    } <= await inspect_database(database_url, delivery_indexes)
+    db = Database(database_url)
+    try:
+        outbox = InspectableOutbox(db.sessionmaker)
+        assert await outbox.claim("w", 5, 30, skip_hosts={"hooks.example.com"}) != []  # no host stored
+        stored = await outbox.get("wh_old")
+    finally:
+        await db.dispose()
+    assert stored is not None and (stored.host, stored.attempts) == ("hooks.example.com", 1)
+
+    # And back: 0010's outbox without the column and the indexes, the delivery still owed.
+    await asyncio.to_thread(downgrade_database, database_url, "0010")
+    columns = await inspect_database(
+        database_url, lambda c: {col["name"] for col in inspect(c).get_columns("webhook_deliveries")}
+    )
+    assert "host" not in columns
+    assert not {"ix_webhook_deliveries_delivered_at", "ix_webhook_deliveries_given_up_at"} & (
+        await inspect_database(database_url, delivery_indexes)
+    )
+    assert await scalar(database_url, "SELECT attempts FROM webhook_deliveries WHERE id = 'wh_old'") == 1
     await asyncio.to_thread(upgrade_database, database_url)
     assert await inspect_database(database_url, schema_diff) == []

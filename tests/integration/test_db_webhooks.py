@@ -20,14 +20,15 @@ from app.db.repositories.push_configs import NewPushConfig, PushConfigRepo
 from app.db.session import Database
 from app.llm.base import ChatMessage
 from app.webhooks.notices import OutboxNotices
-from app.webhooks.outbox import NewDelivery, Outbox
+from app.webhooks.outbox import NewDelivery, _prunable
+from tests.support.outbox import InspectableOutbox
 
 HOOK = "https://hooks.example.com/agentstream"
 
 
 @pytest.fixture
-def outbox(database: Database) -> Outbox:
-    return Outbox(database.sessionmaker)
+def outbox(database: Database) -> InspectableOutbox:
+    return InspectableOutbox(database.sessionmaker)
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ async def finish(runs: RunRepo, run: RunRecord, status: str = "completed", **kw:
     )
 
 
-async def queue(outbox: Outbox, count: int = 1, url: str = HOOK) -> list[str]:
+async def queue(outbox: InspectableOutbox, count: int = 1, url: str = HOOK) -> list[str]:
     return await outbox.enqueue(
         [NewDelivery("run", f"run_{i}", "completed", url, "{}") for i in range(count)]
     )
@@ -78,7 +79,7 @@ async def queue(outbox: Outbox, count: int = 1, url: str = HOOK) -> list[str]:
 
 
 async def test_a_run_with_a_webhook_owes_its_record_from_the_transaction_that_closes_it(
-    runs: RunRepo, outbox: Outbox, conv: ConversationRecord
+    runs: RunRepo, outbox: InspectableOutbox, conv: ConversationRecord
 ) -> None:
     run = await start(runs, conv, webhook=HOOK, model="fast")
     assert (await runs.get_any(run.id)).webhook == HOOK  # type: ignore[union-attr]
@@ -115,7 +116,7 @@ async def test_a_run_with_a_webhook_owes_its_record_from_the_transaction_that_cl
 
 
 async def test_a_run_without_listeners_owes_nothing_and_a_repo_without_notices_stores_nothing(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord
+    database: Database, runs: RunRepo, outbox: InspectableOutbox, conv: ConversationRecord
 ) -> None:
     quiet = await start(runs, conv)
     assert await finish(runs, quiet)
@@ -127,7 +128,7 @@ async def test_a_run_without_listeners_owes_nothing_and_a_repo_without_notices_s
 
 
 async def test_a_close_that_rolls_back_owes_nothing(
-    runs: RunRepo, outbox: Outbox, conv: ConversationRecord, notices: OutboxNotices
+    runs: RunRepo, outbox: InspectableOutbox, conv: ConversationRecord, notices: OutboxNotices
 ) -> None:
     run = await start(runs, conv, webhook=HOOK)
 
@@ -144,7 +145,11 @@ async def test_a_close_that_rolls_back_owes_nothing(
 
 
 async def test_a_run_that_parks_owes_its_waiting_record_with_what_it_waits_for_and_push_configs_their_update(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord, notices: OutboxNotices
+    database: Database,
+    runs: RunRepo,
+    outbox: InspectableOutbox,
+    conv: ConversationRecord,
+    notices: OutboxNotices,
 ) -> None:
     approvals = ApprovalRepo(database.sessionmaker, notices)
     config = NewPushConfig(
@@ -176,7 +181,11 @@ async def test_a_run_that_parks_owes_its_waiting_record_with_what_it_waits_for_a
 
 
 async def test_a_park_whose_approvals_were_decided_already_owes_nothing(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord, notices: OutboxNotices
+    database: Database,
+    runs: RunRepo,
+    outbox: InspectableOutbox,
+    conv: ConversationRecord,
+    notices: OutboxNotices,
 ) -> None:
     approvals = ApprovalRepo(database.sessionmaker, notices)
     run = await start(runs, conv, webhook=HOOK)
@@ -191,7 +200,7 @@ async def test_a_park_whose_approvals_were_decided_already_owes_nothing(
 
 
 async def test_a_completed_task_with_push_configs_owes_its_answer_then_its_status_to_each(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord
+    database: Database, runs: RunRepo, outbox: InspectableOutbox, conv: ConversationRecord
 ) -> None:
     run = await start(
         runs,
@@ -221,14 +230,14 @@ async def test_a_completed_task_with_push_configs_owes_its_answer_then_its_statu
 
 
 async def test_workers_claiming_at_once_never_claim_the_same_delivery(
-    migrated_database_url: str, outbox: Outbox
+    migrated_database_url: str, outbox: InspectableOutbox
 ) -> None:
     ids = await queue(outbox, 30)
     workers = [Database(migrated_database_url) for _ in range(4)]
     try:
         claims = await asyncio.gather(
             *(
-                Outbox(db.sessionmaker).claim(f"w{i}", 10, 30)
+                InspectableOutbox(db.sessionmaker).claim(f"w{i}", 10, 30)
                 for i, db in enumerate(workers)
                 for _ in range(2)
             )
@@ -245,7 +254,7 @@ async def test_workers_claiming_at_once_never_claim_the_same_delivery(
 
 
 async def test_a_claim_held_is_not_due_and_a_lapsed_one_is_claimed_again_for_the_next_attempt(
-    outbox: Outbox,
+    outbox: InspectableOutbox,
 ) -> None:
     (delivery_id,) = await queue(outbox)
     (first,) = await outbox.claim("dead", 5, 30)
@@ -271,7 +280,7 @@ async def test_a_claim_held_is_not_due_and_a_lapsed_one_is_claimed_again_for_the
     assert await outbox.claim("other", 5, 30) == []  # not due before ``later``
 
 
-async def test_a_renewed_claim_outlasts_its_first_lease(outbox: Outbox) -> None:
+async def test_a_renewed_claim_outlasts_its_first_lease(outbox: InspectableOutbox) -> None:
     await queue(outbox)
     (held,) = await outbox.claim("w", 5, 1)
     await outbox.renew([held], "w", 60)
@@ -280,7 +289,7 @@ async def test_a_renewed_claim_outlasts_its_first_lease(outbox: Outbox) -> None:
 
 
 async def test_a_delivery_made_is_recorded_even_after_its_claim_lapsed_and_then_never_claimed(
-    outbox: Outbox,
+    outbox: InspectableOutbox,
 ) -> None:
     await queue(outbox)
     (slow,) = await outbox.claim("slow", 5, 30)
@@ -295,7 +304,7 @@ async def test_a_delivery_made_is_recorded_even_after_its_claim_lapsed_and_then_
     assert await outbox.pending_count() == 0
 
 
-async def test_given_up_and_released_deliveries(outbox: Outbox) -> None:
+async def test_given_up_and_released_deliveries(outbox: InspectableOutbox) -> None:
     first, second = await queue(outbox, 2)
     a, b = await outbox.claim("w", 5, 30)
 
@@ -309,7 +318,7 @@ async def test_given_up_and_released_deliveries(outbox: Outbox) -> None:
     assert await outbox.pending_count() == 1
 
 
-async def test_next_due_tells_when_to_look_again(outbox: Outbox, database: Database) -> None:
+async def test_next_due_tells_when_to_look_again(outbox: InspectableOutbox, database: Database) -> None:
     assert await outbox.next_due() is None
     (delivery_id,) = await queue(outbox)
     soon = utcnow() + timedelta(seconds=5)
@@ -323,7 +332,7 @@ async def test_next_due_tells_when_to_look_again(outbox: Outbox, database: Datab
     assert due is not None and due > soon + timedelta(seconds=59)
 
 
-async def test_prune_deletes_only_what_was_made_or_given_up_before(outbox: Outbox) -> None:
+async def test_prune_deletes_only_what_was_made_or_given_up_before(outbox: InspectableOutbox) -> None:
     made, given_up, pending = await queue(outbox, 3)
     a, b, _ = await outbox.claim("w", 3, 30)
     await outbox.delivered(a, "w")
@@ -332,6 +341,75 @@ async def test_prune_deletes_only_what_was_made_or_given_up_before(outbox: Outbo
     assert await outbox.prune(utcnow() - timedelta(seconds=60)) == 0
     assert await outbox.prune(utcnow() + timedelta(seconds=1)) == 2
     assert [await outbox.get(i) is not None for i in (made, given_up, pending)] == [False, False, True]
+
+
+async def test_prune_deletes_up_to_its_limit_a_call_through_an_index_of_each_kind(
+    outbox: InspectableOutbox, database: Database
+) -> None:
+    await queue(outbox, 5)
+    claimed = await outbox.claim("w", 5, 30)
+    for made in claimed[:3]:
+        await outbox.delivered(made, "w")
+    for given_up in claimed[3:]:
+        await outbox.failed(given_up, "w", "x", retry_at=None)
+    later = utcnow() + timedelta(seconds=1)
+
+    assert [await outbox.prune(later, limit=2) for _ in range(4)] == [2, 2, 1, 0]
+    assert await outbox.pending_count() == 0
+
+    # Each of the prune's selections is a range of an index, not a scan of the table (PostgreSQL
+    # told to avoid scans: on a table this small it would rather scan).
+    for done_at, index in (
+        (WebhookDelivery.delivered_at, "ix_webhook_deliveries_delivered_at"),
+        (WebhookDelivery.given_up_at, "ix_webhook_deliveries_given_up_at"),
+    ):
+        async with database.sessionmaker.begin() as session:
+            conn = await session.connection()
+            sqlite = conn.dialect.name == "sqlite"
+            if not sqlite:
+                await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            compiled = _prunable(done_at, later, 500).compile(dialect=conn.dialect)
+            values = compiled.construct_params()
+            params = tuple(values[name] for name in compiled.positiontup or ())
+            explain = "EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN "
+            rows = await conn.exec_driver_sql(explain + str(compiled), params)
+            plan = " ".join(str(row[-1]) for row in rows)
+        assert index in plan and "Seq Scan" not in plan, plan
+
+
+async def test_a_claim_skips_the_hosts_it_is_told_and_a_claim_handed_back_counts_no_attempt(
+    outbox: InspectableOutbox, database: Database
+) -> None:
+    slow = await queue(outbox, 3, "https://Slow.example.com./in")
+    (fast,) = await queue(outbox, 1, "https://fast.example.com/in")
+    hosts = [d.host for i in (*slow, fast) if (d := await outbox.get(i)) is not None]
+    assert hosts == ["slow.example.com"] * 3 + ["fast.example.com"]  # lower case, no trailing dot
+
+    assert await outbox.next_due(skip_hosts={"slow.example.com", "fast.example.com"}) is None
+    (only,) = await outbox.claim("w", 10, 30, skip_hosts={"slow.example.com"})
+    assert only.id == fast
+    first, *over = await outbox.claim("w", 10, 30)
+    assert [first.id, *(d.id for d in over)] == slow
+
+    assert await outbox.hand_back(over, "w") == 2
+    assert not await outbox.hand_back(over, "w")  # not held any more: nothing
+    for delivery_id in slow[1:]:
+        back = await outbox.get(delivery_id)
+        assert back is not None and (back.claimed_by, back.claimed_until, back.attempts) == (None, None, 0)
+    again = await outbox.claim("w2", 10, 30)
+    assert [(d.id, d.attempts) for d in again] == [(i, 1) for i in slow[1:]]
+
+    # A row stored without its host (before revision 0011) is told by its URL, and handed back
+    # gets it stored: skipped from then on.
+    (old,) = await queue(outbox, 1, "https://old.example.com/in")
+    async with database.sessionmaker.begin() as session:
+        await session.execute(update(WebhookDelivery).where(WebhookDelivery.id == old).values(host=None))
+    (legacy,) = await outbox.claim("w", 10, 30, skip_hosts={"old.example.com"})
+    assert legacy.host == "old.example.com"
+    assert await outbox.hand_back([legacy], "w") == 1
+    assert await outbox.claim("w", 10, 30, skip_hosts={"old.example.com"}) == []
+    stored = await outbox.get(old)
+    assert stored is not None and stored.attempts == 0
 
 
 # ---- push configs --------------------------------------------------------------------------
@@ -368,7 +446,7 @@ async def test_push_configs_belong_to_the_runs_owner_and_go_with_the_run(
 
 
 async def test_deliveries_owed_outlive_the_conversation_they_tell_of(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord
+    database: Database, runs: RunRepo, outbox: InspectableOutbox, conv: ConversationRecord
 ) -> None:
     run = await start(runs, conv, webhook=HOOK)
     await finish(runs, run)
@@ -380,7 +458,11 @@ async def test_deliveries_owed_outlive_the_conversation_they_tell_of(
 
 
 async def test_a_cancel_of_a_waiting_run_is_closed_by_the_claim_with_its_webhook(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord, notices: OutboxNotices
+    database: Database,
+    runs: RunRepo,
+    outbox: InspectableOutbox,
+    conv: ConversationRecord,
+    notices: OutboxNotices,
 ) -> None:
     approvals = ApprovalRepo(database.sessionmaker, notices)
     run = await start(runs, conv, webhook=HOOK)
@@ -400,7 +482,11 @@ async def test_a_cancel_of_a_waiting_run_is_closed_by_the_claim_with_its_webhook
 
 
 async def test_a_waiting_run_that_goes_on_tells_its_push_configs_it_works_but_not_its_webhook(
-    database: Database, runs: RunRepo, outbox: Outbox, conv: ConversationRecord, notices: OutboxNotices
+    database: Database,
+    runs: RunRepo,
+    outbox: InspectableOutbox,
+    conv: ConversationRecord,
+    notices: OutboxNotices,
 ) -> None:
     approvals = ApprovalRepo(database.sessionmaker, notices)
     pushed = await start(runs, conv, webhook=HOOK, push_configs=[NewPushConfig("c", "https://p.example/a2a")])

@@ -5,7 +5,7 @@ answers as the test scripts it.
 answers 500 to the first ``n`` attempts at each delivery (told apart by ``webhook-id``); ``gate``,
 when cleared, holds every request until it is set (a slow receiver, a worker killed mid-request).
 It counts the requests under way per delivery id, so a test can see whether two were ever made at
-once (``overlaps``).
+once (``overlaps``), and the connections made to it (``connections``).
 """
 
 from __future__ import annotations
@@ -61,11 +61,19 @@ class WebhookReceiver:
         """Per delivery id, the most requests for it that were under way at once."""
         self.held = 0
         """Requests being held at the gate now."""
+        self.connections = 0
+        """Connections accepted so far (a client that keeps one open sends requests on it)."""
         self._changed = threading.Condition()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:  # once a connection
+                super().setup()
+                with receiver._changed:
+                    receiver.connections += 1
+                    receiver._changed.notify_all()
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from standardwebhooks import Webhook
 
 from app.db.session import Database
-from app.webhooks.outbox import Delivery, NewDelivery, Outbox
+from app.webhooks.outbox import Delivery, NewDelivery
 from tests.integration.conftest import run_in_own_loop
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
     Api,
@@ -31,6 +31,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
 )
 from tests.support.fake_agents import ToolAgentBehaviour
 from tests.support.node import run_node
+from tests.support.outbox import InspectableOutbox
 from tests.support.server import ServerThread, wait_until
 from tests.support.webhook_receiver import WebhookReceiver
 
@@ -75,7 +76,7 @@ def outbox_of(database_url: str, run_id: str) -> list[Delivery]:
     async def read() -> list[Delivery]:
         db = Database(database_url)
         try:
-            return await Outbox(db.sessionmaker).of_run(run_id)
+            return await InspectableOutbox(db.sessionmaker).of_run(run_id)
         finally:
             await db.dispose()
 
@@ -202,7 +203,7 @@ def test_a_delivery_to_an_address_refused_now_is_given_up_and_nothing_is_sent(
         async def queue() -> str:
             db = Database(migrated_database_url)
             try:
-                (delivery_id,) = await Outbox(db.sessionmaker).enqueue(
+                (delivery_id,) = await InspectableOutbox(db.sessionmaker).enqueue(
                     [NewDelivery("run", "run_elsewhere", "completed", receiver.url, '{"run_id": "x"}')]
                 )
                 return delivery_id

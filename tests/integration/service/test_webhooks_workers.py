@@ -19,7 +19,7 @@ from standardwebhooks import Webhook
 
 from app.db.models import WebhookDelivery
 from app.db.session import Database
-from app.webhooks.outbox import Delivery, Outbox
+from app.webhooks.outbox import Delivery
 from tests.integration.conftest import run_in_own_loop
 from tests.integration.service.test_webhooks import LOOPBACK, SECRET, start_with_webhook, wait_status
 from tests.integration.service.workers_support import (  # noqa: F401  (fixtures)
@@ -33,6 +33,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
 )
 from tests.support import redis_server
 from tests.support.fake_agents import ToolAgentBehaviour
+from tests.support.outbox import InspectableOutbox
 from tests.support.redis_server import PrivateRedis
 from tests.support.server import ServerThread, wait_until
 from tests.support.services import unavailable
@@ -64,7 +65,7 @@ def outbox_rows(database_url: str) -> list[Delivery]:
     async def read() -> list[Delivery]:
         db = Database(database_url)
         try:
-            outbox = Outbox(db.sessionmaker)
+            outbox = InspectableOutbox(db.sessionmaker)
             async with db.sessionmaker() as session:
                 run_ids = sorted(set(await session.scalars(select(WebhookDelivery.run_id))))
             return [d for run_id in run_ids for d in await outbox.of_run(run_id)]

@@ -82,6 +82,8 @@ def test_every_constraint_and_index_has_a_convention_name() -> None:
         "pk_webhook_deliveries",
         "ix_webhook_deliveries_due",
         "ix_webhook_deliveries_run_id",
+        "ix_webhook_deliveries_delivered_at",
+        "ix_webhook_deliveries_given_up_at",
         "pk_push_configs",
         "fk_push_configs_run_id_runs",
         "uq_push_configs_run_id_config_id",
