@@ -62,6 +62,17 @@ def cluster(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFa
         postgres_server.drop_database(name)
 
 
+@pytest.fixture(autouse=True)
+def workers_go_with_their_test(cluster: Cluster) -> Iterator[None]:
+    """Kill whatever worker a test started and left running (it failed half-way): the tests share
+    one database, and a worker left over would take the next test's runs with its own settings (a
+    rolling restart's RUN_MAX_ATTEMPTS=1 failed the poison run after one lost attempt)."""
+    started_before = len(cluster.workers)
+    yield
+    for worker in cluster.workers[started_before:]:
+        worker.kill()
+
+
 def start(cluster: Cluster, count: int = 1, **settings: str) -> list[ServerProcess]:
     journal: Path = cluster.journal  # type: ignore[attr-defined]
     return cluster.start(count, **{**DEPLOYED, "MCP_SERVERS": mcp_servers(journal), **settings})
