@@ -18,7 +18,7 @@ from tests.support.node import NODE_DIR, run_node
 
 pytestmark = pytest.mark.slow
 
-PINS = {"ai": "7.0.173", "@ag-ui/client": "1.0.0", "@ag-ui/core": "1.0.0"}
+PINS = {"ai": "7.0.173", "@ag-ui/client": "1.0.0", "@ag-ui/core": "1.0.0", "@a2a-js/sdk": "1.3.0"}
 
 
 @pytest.fixture(scope="module")

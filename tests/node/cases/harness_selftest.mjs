@@ -1,6 +1,7 @@
 // The harness without the service (tests/unit/test_node_harness.py): the pinned clients are the
 // ones installed, the AI SDK folds a fixed UI message chunk stream (alone, through a transport,
 // and in a Chat), and HttpAgent reads fixed AG-UI SSE bodies through a fake fetch.
+import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { Chat, DefaultChatTransport, fold, readOne, waitIdle } from "../lib/aisdk.mjs";
 import { recordingAgent } from "../lib/agui.mjs";
@@ -11,7 +12,11 @@ const pins = require("../package.json").dependencies;
 
 function installedVersions() {
   const out = {};
-  for (const name of Object.keys(pins)) out[name] = require(`${name}/package.json`).version;
+  // Read from node_modules directly: a package's `exports` may not list its package.json.
+  for (const name of Object.keys(pins)) {
+    const file = new URL(`../node_modules/${name}/package.json`, import.meta.url);
+    out[name] = JSON.parse(readFileSync(file, "utf8")).version;
+  }
   return out;
 }
 
