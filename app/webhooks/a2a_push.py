@@ -17,7 +17,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 import orjson
 from a2a.helpers.proto_helpers import new_data_part, new_text_part
@@ -28,7 +27,6 @@ from a2a.types import (
     Role,
     StreamResponse,
     TaskArtifactUpdateEvent,
-    TaskState,
     TaskStatus,
     TaskStatusUpdateEvent,
 )
@@ -36,24 +34,12 @@ from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.api.faces.a2a.translate import ANSWER_ARTIFACT, RUN_STATES
+from app.api.faces.a2a.translate import FACE as A2A_FACE
 from app.db.models import FaceThread, utcnow
 from app.db.repositories.approvals import ApprovalRecord
 from app.db.repositories.push_configs import PushConfigRecord
 from app.db.repositories.rows import RunRecord
-
-A2A_FACE = "a2a"
-"""The face name under which the A2A face keeps its clients' context ids (``face_threads``)."""
-ANSWER_ARTIFACT = "answer"
-"""The id of a completed task's answer artifact."""
-
-STATES: dict[str, Any] = {
-    "queued": TaskState.TASK_STATE_SUBMITTED,
-    "running": TaskState.TASK_STATE_WORKING,
-    "waiting": TaskState.TASK_STATE_INPUT_REQUIRED,
-    "completed": TaskState.TASK_STATE_COMPLETED,
-    "failed": TaskState.TASK_STATE_FAILED,
-    "cancelled": TaskState.TASK_STATE_CANCELED,
-}
 
 _threads: Table = FaceThread.__table__  # type: ignore[assignment]
 
@@ -100,7 +86,7 @@ def status_update(
         parts = [new_text_part(run.error)]
     else:
         parts = []
-    status = TaskStatus(state=STATES[run.status])
+    status = TaskStatus(state=RUN_STATES[run.status])
     status.timestamp.FromDatetime(at or run.finished_at or utcnow())
     if parts:
         status.message.CopyFrom(

@@ -61,8 +61,8 @@ from app.api.faces.a2a.requests import (
     checked_context_id,
     read_message,
 )
-from app.api.faces.a2a.tasks import DEFAULT_PAGE_SIZE, FACE, TaskStore, question, task_of
-from app.api.faces.a2a.translate import TERMINAL, TaskEvents
+from app.api.faces.a2a.tasks import DEFAULT_PAGE_SIZE, TaskStore, question, task_of
+from app.api.faces.a2a.translate import FACE, TERMINAL, TaskEvents
 from app.api.faces.follow import follow_run, is_waiting, payload, still_waits
 from app.api.routes.conversations import checked_agent
 from app.api.routes.stream import title_from

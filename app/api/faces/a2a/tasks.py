@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.api.faces.a2a.translate import (
     ANSWER_ARTIFACT,
+    FACE,
     RUN_STATES,
     agent_message,
     approval_data,
@@ -35,7 +36,6 @@ from app.db.repositories import RunRecord
 from app.db.repositories.approvals import ApprovalRecord
 from app.db.repositories.rows import _run_record, decode_page_cursor, encode_page_cursor
 
-FACE = "a2a"
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 100
 

@@ -36,6 +36,8 @@ from app.streaming.bus import StoredEvent
 
 A2AEvent = TaskStatusUpdateEvent | TaskArtifactUpdateEvent
 
+FACE = "a2a"
+"""The face name under which the A2A face keeps its clients' context ids (``face_threads``)."""
 ANSWER_ARTIFACT = "answer"
 TERMINAL = frozenset(
     {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED}
