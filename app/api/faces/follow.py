@@ -41,11 +41,8 @@ async def still_waits(services: Services, run_id: str, waiting: dict[str, Any]) 
     named = {*waiting.get("approval_ids", ()), *waiting.get("call_ids", ())}
     if not named:
         return False
-    for kind in ("approval", "client"):
-        for record in await services.approvals.pending(run_ids=[run_id], kind=kind):
-            if record.id in named or record.call_id in named:
-                return True
-    return False
+    approvals, calls = await services.approvals.waiting_of(run_id)
+    return any(record.id in named or record.call_id in named for record in [*approvals, *calls])
 
 
 async def follow_run(

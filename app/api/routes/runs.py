@@ -26,8 +26,7 @@ async def owned_run(services: Services, owner: str, run_id: str) -> RunRecord:
 @router.get("/api/runs/{run_id}", response_model=RunOut, responses=ERRORS)
 async def get_run(run_id: str, services: ServicesDep, owner: OwnerDep) -> RunOut:
     run = await owned_run(services, owner, run_id)
-    pending = await services.approvals.pending(run_ids=[run.id])
-    calls = await services.approvals.pending(run_ids=[run.id], kind="client")
+    pending, calls = await services.approvals.waiting_of(run.id)
     return run_out(
         run,
         run.model or services.models.default,

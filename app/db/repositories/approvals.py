@@ -383,6 +383,13 @@ class ApprovalRepo:
             query = query.where(Approval.run_id.in_(list(run_ids)))
         return await self._all(query.order_by(Approval.created_at, Approval.id))
 
+    async def waiting_of(self, run_id: str) -> tuple[list[ApprovalRecord], list[ApprovalRecord]]:
+        """What ``run_id`` waits for, in one read: its pending approvals and its pending client
+        calls (each oldest first, as ``pending`` lists them)."""
+        query = select(Approval).where(Approval.status == "pending", Approval.run_id == run_id, _RUN_ACTIVE)
+        records = await self._all(query.order_by(Approval.created_at, Approval.id))
+        return [r for r in records if r.kind == "approval"], [r for r in records if r.kind == "client"]
+
     async def count_pending(self) -> int:
         async with self._sessionmaker() as session:
             query = (

@@ -530,8 +530,7 @@ async def _decide(call: _Call, run: RunRecord, chosen: list[_Chosen]) -> bool:
             args=args,
             decided_by=call.owner,
         )
-    left = await services.approvals.pending(run_ids=[run.id])
-    calls = await services.approvals.pending(run_ids=[run.id], kind="client")
+    left, calls = await services.approvals.waiting_of(run.id)
     return not left and not calls
 
 

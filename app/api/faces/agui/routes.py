@@ -93,8 +93,7 @@ async def run_agent(body: AgUiRunInput, services: ServicesDep, owner: OwnerDep) 
     known = thread.known_ids if thread is not None else set()
     question = _question(body, known)
     active = await services.runs.active(conversation.id) if conversation is not None else None
-    approvals = await services.approvals.pending(run_ids=[active.id]) if active is not None else []
-    calls = await services.approvals.pending(run_ids=[active.id], kind="client") if active is not None else []
+    approvals, calls = await services.approvals.waiting_of(active.id) if active is not None else ([], [])
     if active is not None and question is not None:
         raise RunActiveConflict(
             "a run of this thread is active; answer what it waits for, or wait for its end"
@@ -262,8 +261,7 @@ class _Response:
                             yield event
                     if translator.ended or last is None or not is_waiting(last):
                         break
-                    approvals = await services.approvals.pending(run_ids=[run.id])
-                    calls = await services.approvals.pending(run_ids=[run.id], kind="client")
+                    approvals, calls = await services.approvals.waiting_of(run.id)
                     if parks_at(last, approvals, calls):
                         for event in await translator.park(approvals, calls):
                             yield event

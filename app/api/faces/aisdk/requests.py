@@ -220,8 +220,9 @@ async def _continuation(
     run = await services.runs.get(owner, last.id)
     if run is None or run.conversation_id != conv.id:
         raise NotFoundError("no run of this chat has that message id")
-    approvals = {a.id: a for a in await services.approvals.pending(run_ids=[run.id])}
-    calls = {c.call_id: c for c in await services.approvals.pending(run_ids=[run.id], kind="client")}
+    asked, called = await services.approvals.waiting_of(run.id)
+    approvals = {a.id: a for a in asked}
+    calls = {c.call_id: c for c in called}
     plan = [step for part in last.parts if (step := _planned(part, approvals, calls)) is not None]
     settled: set[str] = set()
     for step in plan:
