@@ -6,9 +6,11 @@ Subcommands, each printing one JSON object (and writing it to ``--out FILE``):
   tokens ``--delay-s`` apart and stamps each with its send time); N steps up; per level the token
   delivery latency (client receive - stamp) p50/p95/p99/max over a window after a ramp, every run
   checked, the CPU of everything involved. The knee is the largest N with p99 under ``--target-ms``
-  and nothing lost. Subjects: one AgentStream worker, two (round robin, one Redis), and the LangGraph
-  API server (``langgraph dev``, in-memory, through its HTTP streaming API); then the ratio.
-  The client is ``bench/capacity_client.py``;
+  and nothing lost. Subjects: the floor (``bench/peers/bare_relay.py``: one chat call per run relayed
+  as SSE, nothing else), one AgentStream worker on SQLite and on PostgreSQL, two (round robin, one
+  Redis, SQLite), and the LangGraph API server (``langgraph dev``, in-memory, through its HTTP
+  streaming API); then each knee and worker CPU per token against the floor's (issue 29), and one
+  worker's knee against LangGraph's. The client is ``bench/capacity_client.py``;
 * ``burst``: two workers with ``MAX_ACTIVE_RUNS=200`` on PostgreSQL and Redis, 2,000 run starts
   within one second (``bench/capacity_burst.py``);
 * ``cluster-throughput``: tokens/s through two workers on a Redis Cluster of its own (3 masters + 3
@@ -102,8 +104,8 @@ async def step_levels(
             f"{row['llm_to_publish_ms_p99']:.0f}, publish->client {row['publish_to_client_ms_p50']:.0f}/"
             f"{row['publish_to_client_ms_p99']:.0f}); {row['tokens_per_s']:.0f}/"
             f"{row['tokens_per_s_offered']:.0f} tok/s "
-            f"({row['streaming_runs_mean']:.0f} streaming), start->1st token p50 "
-            f"{row['start_to_first_token_ms_p50']:.0f} ms; "
+            f"({row['streaming_runs_mean']:.0f} streaming), start->1st token p50/p99 "
+            f"{row['start_to_first_token_ms_p50']:.0f}/{row['start_to_first_token_ms_p99']:.0f} ms; "
             f"runs {row['runs_good']}/{row['runs_started']} good {row['problems'] or ''}; CPU%: "
             + " ".join(f"{k[:-8]} {v:.0f}" for k, v in cpu.items())
             + f"; machine busy {row['machine_busy_pct']:.0f}% -> {'ok' if row['ok'] else 'MISSED'}"
@@ -147,13 +149,20 @@ def knee_of(levels: list[dict[str, Any]]) -> int | None:
     return knee
 
 
-async def knee_agentstream(args: argparse.Namespace, workers: int) -> dict[str, Any]:
+FLOOR = "bench.peers.bare_relay:create_app"
+
+
+async def knee_agentstream(
+    args: argparse.Namespace, workers: int, db: str, floor: bool = False
+) -> dict[str, Any]:
+    """One subject served by uvicorn worker processes: AgentStream's app (``workers`` of them, on
+    ``db``), or the floor (``bench/peers/bare_relay.py``: one process, no database, no Redis)."""
     env = {
         "MAX_ACTIVE_RUNS": str(args.max_active_runs),
         "STREAM_RETENTION_S": "120",
         "STREAM_LINGER_MS": str(args.linger_ms),
     }
-    probe = OUT_DIR / f"capacity_probe_{os.getpid()}.txt" if args.probe else None
+    probe = OUT_DIR / f"capacity_probe_{os.getpid()}.txt" if args.probe and not floor else None
     if probe is not None:
         OUT_DIR.mkdir(exist_ok=True)
         env |= probe_env(probe)
@@ -164,9 +173,10 @@ async def knee_agentstream(args: argparse.Namespace, workers: int) -> dict[str, 
             fake_args(args, "calculator"),
             workers=workers,
             env=env,
-            db=args.db,
+            db=db,
             redis_url=redis.url,
             profile=profile,
+            factory=FLOOR if floor else "app.main:create_app",
         ) as stack:
             assert stack.fake is not None
             if where:
@@ -189,18 +199,29 @@ async def knee_agentstream(args: argparse.Namespace, workers: int) -> dict[str, 
             finally:
                 pin(os.getpid(), set(range(os.cpu_count() or 1)))
             database = stack.database
+    for row in levels:
+        cpu = sum(row.get(f"worker{i}_cpu_pct", 0.0) for i in range(workers))
+        row["worker_cpu_us_per_token"] = 1e4 * cpu / row["tokens_per_s"] if row["tokens_per_s"] else None
     summary = _profile_summary(args.profile, levels) if profile else None
+    if floor:
+        subject = "floor: a bare relay (bench/peers/bare_relay.py), 1 process"
+    else:
+        subject = f"AgentStream, {workers} worker{'s' if workers > 1 else ''}, {DB_NAMES[db]}"
     return {
-        "subject": f"AgentStream, {workers} worker{'s' if workers > 1 else ''}",
+        "subject": subject,
+        "key": "floor" if floor else f"{'one' if workers == 1 else 'two'}{'-pg' if db == 'postgres' else ''}",
         "workers": workers,
-        "database": database,
-        "env": env,
+        "database": "none" if floor else database,
+        "env": {} if floor else env,
         "pinning": _pinning_note(where, "worker"),
         "profile": args.profile if profile else None,
         "profile_summary": summary,
         "knee": knee_of(levels),
         "levels": levels,
     }
+
+
+DB_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 async def knee_langgraph(args: argparse.Namespace) -> dict[str, Any]:
@@ -262,6 +283,36 @@ def _pinning_note(where: dict[str, set[int]] | None, subject: str) -> str:
     )
 
 
+SUBJECTS = {
+    "floor": lambda args: knee_agentstream(args, 1, "sqlite", floor=True),
+    "one": lambda args: knee_agentstream(args, 1, "sqlite"),
+    "one-pg": lambda args: knee_agentstream(args, 1, "postgres"),
+    "two": lambda args: knee_agentstream(args, 2, "sqlite"),
+    "langgraph": knee_langgraph,
+}
+
+
+def _at_same_level(subject: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any] | None:
+    """A subject's worker CPU per token against the floor's, at the highest level both met (same
+    users, so the same tokens and run starts a second)."""
+    met = {r["users"]: r for r in floor.get("levels", ()) if r["ok"] and r.get("worker_cpu_us_per_token")}
+    both = [
+        r
+        for r in subject.get("levels", ())
+        if r["ok"] and r["users"] in met and r.get("worker_cpu_us_per_token")
+    ]
+    if not both:
+        return None
+    row = max(both, key=lambda r: r["users"])
+    base = met[row["users"]]
+    return {
+        "users": row["users"],
+        "worker_cpu_us_per_token": row["worker_cpu_us_per_token"],
+        "floor_cpu_us_per_token": base["worker_cpu_us_per_token"],
+        "cpu_per_token_ratio": row["worker_cpu_us_per_token"] / base["worker_cpu_us_per_token"],
+    }
+
+
 async def cmd_knee(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()
     out: dict[str, Any] = {
@@ -278,18 +329,30 @@ async def cmd_knee(args: argparse.Namespace) -> dict[str, Any]:
     }
     for subject in args.subjects:
         log(f"== knee: {subject}")
-        if subject == "one":
-            out["subjects"].append(await knee_agentstream(args, 1))
-        elif subject == "two":
-            out["subjects"].append(await knee_agentstream(args, 2))
-        else:
-            out["subjects"].append(await knee_langgraph(args))
+        result = await SUBJECTS[subject](args)
+        result.setdefault("key", subject)
+        out["subjects"].append(result)
     out["load_average_after"] = os.getloadavg()
-    knees = {s["subject"]: s.get("knee") for s in out["subjects"]}
-    one = next((s["knee"] for s in out["subjects"] if s.get("workers") == 1), None)
-    lg = next((s.get("knee") for s in out["subjects"] if "LangGraph" in s["subject"]), None)
-    out["knees"] = knees
+    by_key = {s["key"]: s for s in out["subjects"]}
+    out["knees"] = {s["subject"]: s.get("knee") for s in out["subjects"]}
+    one, lg, floor = (
+        by_key.get("one", {}).get("knee"),
+        by_key.get("langgraph", {}).get("knee"),
+        by_key.get("floor"),
+    )
     out["ratio_agentstream_one_worker_to_langgraph"] = (one / lg) if one and lg else None
+    if floor is not None:
+        out["floor"] = {}
+        for key, subject in by_key.items():
+            if key in ("floor", "langgraph"):
+                continue
+            knee, floor_knee = subject.get("knee"), floor.get("knee")
+            out["floor"][key] = {
+                "knee": knee,
+                "floor_knee": floor_knee,
+                "knee_ratio": knee / floor_knee if knee and floor_knee else None,
+                "cpu_per_token": _at_same_level(subject, floor),
+            }
     return out
 
 
@@ -361,7 +424,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("knee", help="the most streaming runs a worker holds with p99 under the target")
     k.add_argument(
-        "--subjects", nargs="+", choices=["one", "two", "langgraph"], default=["one", "two", "langgraph"]
+        "--subjects",
+        nargs="+",
+        choices=list(SUBJECTS),
+        default=["floor", "one", "one-pg", "two", "langgraph"],
+        help="floor: the bare relay; one, one-pg, two: AgentStream's workers on SQLite, PostgreSQL, SQLite",
     )
     k.add_argument(
         "--levels",
@@ -425,8 +492,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     c.add_argument("--max-runs", type=int, default=5000)
     c.add_argument("--rounds", type=int, default=2)
     c.add_argument("--first-port", type=int, default=7501)
-    for p in (k, c):
-        p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    c.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     for p in (k, b, c):
         p.add_argument("--quick", action="store_true", help="small levels, about 1-2 minutes")
         p.add_argument("--out", default="", help="also write the JSON here")

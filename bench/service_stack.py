@@ -139,8 +139,12 @@ class Stack:
         profile: tuple[str, str] | None = None,
         app_path: str | None = None,
         redis_url: str | None = None,
+        factory: str = "app.main:create_app",
     ) -> None:
         self.db = db
+        # What the workers serve: the app, or (bench/capacity_bench.py's floor) another ASGI app
+        # factory of this tree, importable from the repository root.
+        self.factory = factory
         # The Redis the workers share (default REDIS_URL: 127.0.0.1:6379); bench/capacity_bench.py
         # gives one it started itself (a node of its own, or a cluster's).
         self.redis_url = redis_url or REDIS_URL
@@ -204,6 +208,8 @@ class Stack:
         }
         if self.app_path:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.app_path, env.get("PYTHONPATH")]))
+        if not self.factory.startswith("app."):
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.app_file = (
             await asyncio.to_thread(
                 subprocess.run,
@@ -228,7 +234,7 @@ class Stack:
                     PY,
                     "-m",
                     "uvicorn",
-                    "app.main:create_app",
+                    self.factory,
                     "--factory",
                     "--host",
                     HOST,
