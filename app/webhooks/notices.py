@@ -22,7 +22,6 @@ from app.db.repositories.approvals import ApprovalRecord, ApprovalRepo
 from app.db.repositories.push_configs import push_configs_of
 from app.db.repositories.rows import RunRecord, _run_record
 from app.runs.approvals import approval_item, tool_call_item
-from app.webhooks import a2a_push
 from app.webhooks.outbox import NewDelivery, enqueue
 
 _runs: Table = Run.__table__  # type: ignore[assignment]
@@ -63,6 +62,9 @@ class OutboxNotices:
             body = run_record_json(run, self.default_model, pending)
             owed.append(NewDelivery("run", run.id, run.status, webhook, body))
         if configs:
+            # Here, not with the app: the A2A SDK's types load once a task has a push config.
+            from app.webhooks import a2a_push
+
             context_id = await a2a_push.context_id_of(session, run)
             bodies = a2a_push.notifications(run, context_id, pending)
             for config in configs:

@@ -30,19 +30,12 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0, TransportProtocol
 from google.protobuf import json_format
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from app import __version__
+from app.api.faces.a2a.paths import JSONRPC_PATH, LEGACY_CARD_PATH, REST_PATH
 from app.container import Services
 
-JSONRPC_PATH = "/a2a"
-"""The JSON-RPC endpoint (also with a trailing slash: the TCK posts there)."""
-REST_PATH = "/a2a/rest"
-"""The HTTP+JSON binding's base: ``/a2a/rest/message:send``, ``/a2a/rest/tasks/{id}``, ... (its 0.3
-routes under ``/a2a/rest/v1/...``, where 0.3 clients put them)."""
-CARD_PATH = "/.well-known/agent-card.json"
-"""The 1.0 card."""
-LEGACY_CARD_PATH = "/.well-known/agent.json"
-"""The same card with the 0.3 fields, for older clients."""
 CACHE_CONTROL = "public, max-age=300"
 """Five minutes: a card changes with a deploy (settings, models, tools), and a client that holds a
 stale one still reaches every route it names."""
@@ -162,3 +155,13 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
         return False
     candidates = [c.strip() for c in if_none_match.split(",")]
     return "*" in candidates or any(c.removeprefix("W/") == etag.removeprefix("W/") for c in candidates)
+
+
+def card_response(services: Services, request: Request) -> Response:
+    """The card the request's path names, or ``304`` when the client's copy is still the same."""
+    card = agent_card(services, request)
+    body, etag = card_json(card, legacy=request.url.path == LEGACY_CARD_PATH)
+    headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
+    if etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    return JSONResponse(body, headers=headers)

@@ -7,190 +7,64 @@ binding, each in 1.0 and, through the SDK's compatibility layer, 0.3.
 - ``/a2a/rest/...``: HTTP+JSON (``POST /a2a/rest/message:send``, ``GET /a2a/rest/tasks/{id}``, ...),
   0.3's under ``/a2a/rest/v1/...``.
 
-The SDK's dispatchers parse, negotiate the version (``A2A-Version``, or the ``A2A-Version`` query
-parameter), call ``RunsRequestHandler`` and shape errors; around them, each route authenticates
-the caller as every other route does (an API key or an access token; a refusal is the service's
-``401`` with its challenge), refuses bodies that are not UTF-8 JSON in the binding's own error
-shape (the SDK would answer them as internal errors), and answers a refusal of the service (a full
-queue, a worker shutting down, an outage) with its status and ``Retry-After`` on HTTP+JSON. The
-protocol routes stay out of the OpenAPI document: the card describes them, and their bodies are
-the protocol's.
+The SDK (``card``, ``bindings``) is loaded on the first request that needs it, not with the app: a
+worker that never serves A2A never pays for its server modules and protobuf types. The binding's
+own routes (``bindings.Bindings.rest``) sit behind one route over ``/a2a/rest...`` that hands the
+request on; they answer a wrong method (405) and an unknown path (404) as the app's own router
+would, and redirect a trailing slash the same way. The protocol routes stay out of the OpenAPI
+document: the card describes them, and their bodies are the protocol's.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING
 
-from a2a.server.context import ServerCallContext
-from a2a.server.jsonrpc_models import JSONParseError
-from a2a.server.request_handlers.response_helpers import build_error_response
-from a2a.server.routes.common import DefaultServerCallContextBuilder, ServerCallContextBuilder
-from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-from a2a.server.routes.rest_routes import create_rest_routes
-from a2a.utils.constants import A2A_JSON_MEDIA_TYPE, VERSION_HEADER
-from a2a.utils.error_handlers import build_rest_error_payload
-from a2a.utils.errors import ContentTypeNotSupportedError, InvalidRequestError
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from app.api.faces.a2a.card import (
-    CACHE_CONTROL,
-    CARD_PATH,
-    JSONRPC_PATH,
-    LEGACY_CARD_PATH,
-    REST_PATH,
-    agent_card,
-    card_json,
-    etag_matches,
-)
-from app.api.faces.a2a.handler import RunsRequestHandler
-from app.container import Services
-from app.errors import ServiceError
+from app.api.faces.a2a.paths import CARD_PATH, JSONRPC_PATH, LEGACY_CARD_PATH, REST_PATH
+
+if TYPE_CHECKING:
+    from app.api.faces.a2a.bindings import Bindings
 
 router = APIRouter(tags=["a2a"])
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+
+@cache
+def _bindings() -> Bindings:
+    # Once per process. The build never awaits, so an event loop's requests cannot interleave in it;
+    # two threads' first requests (apps in threads, as tests run them) may both build: either serves.
+    from app.api.faces.a2a.bindings import build_bindings
+
+    return build_bindings()
 
 
-class CallContext(ServerCallContextBuilder):
-    """The SDK's call context, with what ``RunsRequestHandler`` needs: the services, the caller
-    (authenticated by the route before the SDK sees the request) and the request itself."""
-
-    def __init__(self) -> None:
-        self._default = DefaultServerCallContextBuilder()
-
-    def build(self, request: Request) -> ServerCallContext:
-        context = self._default.build(request)
-        headers = context.state["headers"]
-        version = request.query_params.get(VERSION_HEADER)
-        if version and not headers.get(VERSION_HEADER.lower()):
-            headers[VERSION_HEADER.lower()] = version  # A2A 3.6.1: a query parameter will do
-        context.state["services"] = request.app.state.services
-        context.state["owner"] = request.state.a2a_owner
-        context.state["request"] = request
-        return context
+async def _jsonrpc(request: Request) -> Response:
+    return await _bindings().jsonrpc(request)
 
 
-def _services(request: Request) -> Services:
-    services: Services = request.app.state.services
-    return services
+class _RestBinding:
+    """The ASGI app behind ``/a2a/rest...``: the binding's routes, matched on the whole path."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["path_params"] = {}  # this route's own ``{rest}``: the binding's routes match theirs
+        await _bindings().rest(scope, receive, send)
 
 
-async def _authenticated(request: Request) -> None:
-    request.state.a2a_owner = await _services(request).auth.owner(request.headers.get("authorization"))
-
-
-async def _json_body(request: Request) -> Any:
-    """The body as JSON, or ``ValueError`` (not UTF-8, not JSON, nested too deeply)."""
-    body = await request.body()
-    try:
-        return json.loads(body.decode("utf-8")) if body else None
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _rpc_id(value: Any) -> str | int | None:
-    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
-
-
-def _refusal(request: Request) -> ServiceError | None:
-    refused = getattr(request.state, "a2a_refused", None)
-    return refused if isinstance(refused, ServiceError) else None
-
-
-_REFUSAL_STATUS = {429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
-
-
-def _rest(endpoint: Endpoint, *, has_body: bool) -> Endpoint:
-    async def route(request: Request) -> Response:
-        await _authenticated(request)
-        if has_body:
-            try:
-                await _json_body(request)
-            except ValueError as exc:
-                payload = build_rest_error_payload(InvalidRequestError(f"the body is not JSON: {exc}"))
-                return JSONResponse(payload, status_code=400)
-        response = await endpoint(request)
-        if response.headers.get("content-type") == A2A_JSON_MEDIA_TYPE:
-            # A2A 1.0 (11.1) names application/json; the SDK follows a later draft.
-            response.headers["content-type"] = "application/json"
-        refused = _refusal(request)
-        if refused is not None and response.status_code >= 500:
-            payload = {
-                "error": {
-                    "code": refused.status,
-                    "status": _REFUSAL_STATUS.get(refused.status, "UNAVAILABLE"),
-                    "message": refused.message,
-                    "details": [
-                        {
-                            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                            "reason": refused.code.upper(),
-                            "domain": "agentstream",
-                            "metadata": {},
-                        }
-                    ],
-                }
-            }
-            return JSONResponse(payload, status_code=refused.status, headers=dict(refused.headers))
-        return response
-
-    return route
-
-
-def _jsonrpc(dispatcher: JsonRpcDispatcher) -> Endpoint:
-    async def route(request: Request) -> Response:
-        await _authenticated(request)
-        body: Any = None
-        error: JSONParseError | None = None
-        try:
-            body = await _json_body(request)
-        except ValueError as exc:
-            error = JSONParseError(message=str(exc))
-        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if media and media != "application/json" and not media.endswith("+json"):
-            request_id = body.get("id") if isinstance(body, dict) else None
-            refused = ContentTypeNotSupportedError(f"send Content-Type: application/json, not {media}")
-            return JSONResponse(build_error_response(_rpc_id(request_id), refused))
-        if error is not None:
-            return JSONResponse(build_error_response(None, error))
-        return await dispatcher.handle_requests(request)
-
-    return route
-
-
-HANDLER = RunsRequestHandler()
-_CONTEXT = CallContext()
-
-_jsonrpc_endpoint = _jsonrpc(JsonRpcDispatcher(HANDLER, context_builder=_CONTEXT, enable_v0_3_compat=True))
 for path in (JSONRPC_PATH, JSONRPC_PATH + "/"):
-    router.add_route(path, _jsonrpc_endpoint, methods=["POST"], include_in_schema=False)
-
-for route in create_rest_routes(
-    HANDLER, context_builder=_CONTEXT, enable_v0_3_compat=True, path_prefix=REST_PATH
-):
-    # Tenants (the SDK's ``/{tenant}/...`` mount) are not used: one service, one agent.
-    if isinstance(route, Route) and route.methods:
-        methods = sorted(m for m in route.methods if m != "HEAD")
-        router.add_route(
-            route.path,
-            _rest(route.endpoint, has_body=bool({"POST", "PUT", "PATCH"} & set(methods))),
-            methods=methods,
-            include_in_schema=False,
-        )
+    router.add_route(path, _jsonrpc, methods=["POST"], include_in_schema=False)
+# No slash before ``{rest}``: ``/a2a/rest`` itself is the binding's to answer (404), as before.
+router.routes.append(Route(REST_PATH + "{rest:path}", _RestBinding(), include_in_schema=False))
 
 
 async def _card(request: Request) -> Response:
-    services = _services(request)
-    card = agent_card(services, request)
-    body, etag = card_json(card, legacy=request.url.path == LEGACY_CARD_PATH)
-    headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
-    if etag_matches(request.headers.get("if-none-match"), etag):
-        return Response(status_code=304, headers=headers)
-    return JSONResponse(body, headers=headers)
+    from app.api.faces.a2a.card import card_response
+
+    return card_response(request.app.state.services, request)
 
 
 _CARD_DOC = {
