@@ -34,7 +34,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
-from schemathesis import APIOperation, Case, GenerationMode
+from schemathesis import APIOperation, BaseSchema, Case, GenerationMode
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
@@ -50,7 +50,7 @@ DISPOSABLE = 8
 WEBHOOK = "http://127.0.0.1:9/hook"
 """A webhook URL the subject takes (port 9: nothing answers there, the deliveries just fail)."""
 EXAMPLES = 12
-"""Per operation and mode (valid, invalid): about 360 requests in all, in well under a minute."""
+"""Per operation and mode (valid, invalid): about 700 requests in all, a test per operation."""
 
 
 @dataclass
@@ -93,25 +93,27 @@ def _seed(app: FastAPI) -> Known:
     return known
 
 
+def _settings(database_url: str) -> Settings:
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        database_url=database_url,
+        redis_url=None,
+        api_keys=KEYS,
+        llm_base_url=None,
+        demo_delay_s=0,
+        shutdown_grace_s=0,
+        sse_ping_seconds=1,
+        log_level="CRITICAL",
+        webhook_allow_private=True,
+        webhook_allowed_hosts="127.0.0.1",
+    )
+
+
 @pytest.fixture(scope="module")
 def subject(sqlite_migrated_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Subject]:
     path = tmp_path_factory.mktemp("openapi") / "agentstream.db"
     shutil.copyfile(sqlite_migrated_template, path)
-    app = create_app(
-        Settings(  # type: ignore[call-arg]
-            _env_file=None,
-            database_url=f"sqlite+aiosqlite:///{path}",
-            redis_url=None,
-            api_keys=KEYS,
-            llm_base_url=None,
-            demo_delay_s=0,
-            shutdown_grace_s=0,
-            sse_ping_seconds=1,
-            log_level="CRITICAL",
-            webhook_allow_private=True,
-            webhook_allowed_hosts="127.0.0.1",
-        )
-    )
+    app = create_app(_settings(f"sqlite+aiosqlite:///{path}"))
     try:
         yield Subject(app, _seed(app))
     finally:
@@ -169,34 +171,53 @@ def _exercise(operation: APIOperation, mode: GenerationMode, known: Known) -> in
     return sent
 
 
-@pytest.mark.slow
-# Every operation, positive and negative, EXAMPLES each: about 25 s alone, more beside the other
-# test workers on two cores (the branch and tool-result routes added six operations).
-@pytest.mark.timeout(180)
-def test_every_operation_answers_as_documented_and_never_with_a_5xx(subject: Subject) -> None:
+def _operations() -> list[str]:
+    """Every operation of the document, labelled as schemathesis labels them (``GET /api/tools``):
+    a test each, which the test workers share (tests/support/scheduling.py)."""
+    document = create_app(_settings("sqlite+aiosqlite://")).openapi()
+    return [f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item]
+
+
+OPERATIONS = _operations()
+
+
+@pytest.fixture(scope="module")
+def schema(subject: Subject) -> BaseSchema:
     # Alice's key goes through the document's own security scheme, so invalid cases can drop it.
     config = schemathesis.Config.from_dict({"auth": {"openapi": {"HTTPBearer": {"bearer": ALICE_KEY}}}})
-    schema = schemathesis.openapi.from_asgi("/openapi.json", subject.app, config=config)
+    return schemathesis.openapi.from_asgi("/openapi.json", subject.app, config=config)
+
+
+def test_every_operation_the_service_documents_has_its_test(schema: BaseSchema) -> None:
+    served = [result.ok().label for result in schema.get_all_operations()]
+    assert served == OPERATIONS
+    assert len(served) >= 18 and "POST /v1/chat/completions" in served
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)  # the longest (POST runs) takes some 10 s alone, 30 s in a busy full run
+@pytest.mark.parametrize("label", OPERATIONS)
+def test_the_operation_answers_as_documented_and_never_with_a_5xx(
+    label: str, schema: BaseSchema, subject: Subject
+) -> None:
+    operation = schema.find_operation_by_label(label)
+    assert operation is not None, label
     failures: list[str] = []
     sent = 0
-    labels = []
-
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        labels.append(operation.label)
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            try:
-                sent += _exercise(operation, mode, subject.known)
-            except Unsatisfiable:
-                # No parameters, no body: nothing can be made invalid (a missing key is 401 in
-                # the valid cases' checks).
-                assert mode is GenerationMode.NEGATIVE and not operation.path_parameters, operation.label
-            except BaseException as exc:  # a failure group: schemathesis's report of what went wrong
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                report = "".join(traceback.format_exception(exc))[-4000:]
-                failures.append(f"{operation.label} ({mode.value}):\n{report}")
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        try:
+            sent += _exercise(operation, mode, subject.known)
+        except Unsatisfiable:
+            # No parameters, no body: nothing can be made invalid (a missing key is 401 in the
+            # valid cases' checks).
+            assert mode is GenerationMode.NEGATIVE and not operation.path_parameters, operation.label
+        except BaseException as exc:  # a failure group: schemathesis's report of what went wrong
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            report = "".join(traceback.format_exception(exc))[-4000:]
+            failures.append(f"{operation.label} ({mode.value}):\n{report}")
 
     assert not failures, "\n\n".join(failures)
-    assert len(labels) >= 18 and "POST /v1/chat/completions" in labels
-    assert sent >= 300, sent
+    # EXAMPLES valid and EXAMPLES invalid requests; an operation that takes nothing has one request.
+    takes_input = any((operation.path_parameters, operation.query, operation.headers, operation.body))
+    assert sent >= (2 * EXAMPLES if takes_input else 1), sent
