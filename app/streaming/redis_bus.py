@@ -9,11 +9,19 @@ connection, ``XREAD BLOCK`` over every stream that has local followers, and fans
 each conversation's followers through bounded per-follower buffers. No Redis connection per SSE
 client, nor per conversation. A follower that falls too far behind loses its buffer and catches up
 from the stream by id (``XRANGE``), so a slow client never stalls the others nor grows memory.
+
+What this process appends itself reaches its own followers without that round trip: each append
+(``APPEND_SCRIPT``) answers the stream's newest id before it, so the writer knows when nothing
+else lies between the followers' position and its entries, and hands them over at once
+(``Subscription.feed``); the reader leaves such a stream out of its reads meanwhile. At a few
+hundred streaming runs, reading back a worker's own appends (an ``XREAD`` naming every followed
+stream, up to a thousand times a second) was about a sixth of its CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 from collections.abc import Sequence
@@ -35,12 +43,16 @@ from app.streaming.redis_streams import (
     RedisStreamsBus,
     StreamWriter,
     Subscription,
+    append_command,
     append_error,
-    xadd_command,
 )
 from app.streaming.redis_wire import Command, RespConnection, array_header, bulk
 
 log = logging.getLogger("app.streaming.redis")
+
+
+def _no_script(reply: ResponseError) -> bool:
+    return str(reply).startswith("NOSCRIPT")
 
 
 def _raw_events(entries: Sequence[list[Any]]) -> list[StoredEvent]:
@@ -88,10 +100,29 @@ class _StreamReader:
             sub = self.subscriptions[conversation_id] = self._by_key[key] = Subscription(
                 conversation_id, key, position
             )
-            self._wake.set()
-            if self._reading is not None and self.unblocking is None:
-                self.unblocking = asyncio.create_task(self._unblock())
+            self._want()
         return sub
+
+    def _want(self) -> None:
+        """A stream is to be read that the read in flight (if any) leaves out: read again now."""
+        self._wake.set()
+        if self._reading is not None and self.unblocking is None:
+            self.unblocking = asyncio.create_task(self._unblock())
+
+    def appended_here(self, conversation_id: str, events: list[StoredEvent], before: str) -> None:
+        """This process appended ``events`` to the conversation's stream, whose newest entry was
+        ``before`` until then: its followers get them now if nothing can lie in between."""
+        sub = self.subscriptions.get(conversation_id)
+        if sub is not None and sub.followers:
+            now = asyncio.get_running_loop().time()
+            if not sub.feed(events, before, self.bus.follower_buffer, now) and sub.key not in (
+                self._reading or ()
+            ):
+                self._want()
+
+    def _to_read(self, now: float) -> list[Subscription]:
+        """The followed streams the reader reads now: those no append of this process fed lately."""
+        return [sub for sub in self._by_key.values() if sub.fed_until <= now]
 
     def unsubscribe(self, sub: Subscription, follower: Follower) -> None:
         sub.followers.discard(follower)
@@ -106,7 +137,8 @@ class _StreamReader:
             # try again shortly until the reader reads every subscribed stream.
             for _ in range(200):
                 reading = self._reading
-                if reading is None or self._by_key.keys() <= reading:
+                now = asyncio.get_running_loop().time()
+                if reading is None or all(sub.key in reading for sub in self._to_read(now)):
                     return
                 client_id = self.connection.client_id
                 if client_id is not None and await self.bus.redis.client_unblock(client_id):
@@ -128,15 +160,22 @@ class _StreamReader:
     async def _read_forever(self) -> None:
         bus = self.bus
         attempt = 0
+        loop = asyncio.get_running_loop()
         while True:
-            if not self._by_key:
+            now = loop.time()
+            subs = self._to_read(now)
+            if not subs:
+                # Nothing to read: wait for a new follower, a stream to read again, or the first
+                # feed to lapse.
                 self._wake.clear()
-                await self._wake.wait()
+                lapse = min((sub.fed_until for sub in self._by_key.values()), default=None)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(None if lapse is None else max(0.0, lapse - now)):
+                        await self._wake.wait()
                 continue
             # Packed from each stream's key and position as kept in RESP form: with hundreds of
             # streams followed, packing the whole command anew on every read was the reader's
             # largest cost.
-            subs = list(self._by_key.values())
             command = b"".join(
                 [
                     array_header(6 + 2 * len(subs)),
@@ -146,7 +185,7 @@ class _StreamReader:
                 ]
             )
             try:
-                self._reading = frozenset(self._by_key)
+                self._reading = frozenset(sub.key for sub in subs)
                 reply: Any = (await self.connection.execute([command], self._read_timeout_s))[0]
             except RedisError as exc:
                 log.warning("stream reader lost Redis; followers will resync", extra={"error": str(exc)})
@@ -192,20 +231,29 @@ class _Writer(StreamWriter):
         super().__init__(bus.maxlen, "redis-stream-writer")
 
     async def _write(self, batch: list[Append]) -> list[Exception | None]:
-        commands: list[Command] = []
-        for conversation_id, events in batch:
-            key = self.bus.stream_key(conversation_id)
-            commands.extend(xadd_command(key, self.maxlen, e) for e in events)
-            # A new run must not inherit the expiry the previous run's done set on the stream.
-            commands.append(("PERSIST", key))
+        bus = self.bus
+        keys = [bus.stream_key(conversation_id) for conversation_id, _ in batch]
+        # One script call per conversation (APPEND_SCRIPT): its entries, and the removal of the
+        # expiry the previous run's done set on the stream (a new run must not inherit it).
+        commands: list[Command] = [
+            append_command(key, bus.maxlen, events, by_sha=True)
+            for key, (_, events) in zip(keys, batch, strict=True)
+        ]
         results = await self.connection.execute(commands)
-        errors: list[Exception | None] = []
-        at = 0
-        for conversation_id, events in batch:
-            errors.append(
-                append_error(self.bus.stream_key(conversation_id), events, results[at : at + len(events)])
+        unknown = [i for i, r in enumerate(results) if isinstance(r, ResponseError) and _no_script(r)]
+        if unknown:  # Redis restarted, or its scripts were flushed: the script itself, once
+            again = await self.connection.execute(
+                [append_command(keys[i], bus.maxlen, batch[i][1], by_sha=False) for i in unknown]
             )
-            at += len(events) + 1
+            for i, result in zip(unknown, again, strict=True):
+                results[i] = result
+        errors: list[Exception | None] = []
+        reader = bus._reader
+        for key, (conversation_id, events), result in zip(keys, batch, results, strict=True):
+            error = append_error(key, events, [result])
+            errors.append(error)
+            if error is None and reader is not None and isinstance(result, str):
+                reader.appended_here(conversation_id, list(events), result)
         return errors
 
 

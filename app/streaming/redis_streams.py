@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import logging
 import random
 import time
@@ -51,6 +52,51 @@ trip carries many of them instead of one each (a round trip, and its reply's par
 more than an entry). An entry that comes meanwhile waits at most this long; one that comes to an
 idle reader or writer does not wait at all."""
 LINGER_BELOW = 32
+
+
+LOCAL_FEED_S = 1.0
+"""How long after this process last handed a conversation's own appends to its followers
+(``Subscription.feed``) the reader leaves that stream out of its reads. Only another process's
+append could come meanwhile, and only when two attempts of a run overlap (a lease lost while its
+worker still runs): the reader reads it once this lapses, or at once when the next append here
+shows it (``APPEND_SCRIPT``'s answer)."""
+
+APPEND_SCRIPT = """
+local key = KEYS[1]
+local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+local before = ''
+if top[1] then before = top[1][1] end
+local maxlen = tonumber(ARGV[1])
+for i = 2, #ARGV, 5 do
+  local fields = {'event', ARGV[i + 1], 'data', ARGV[i + 2], 'run_id', ARGV[i + 3]}
+  if ARGV[i + 4] ~= '' then
+    fields[7] = 'prev'
+    fields[8] = ARGV[i + 4]
+  end
+  if maxlen > 0 then
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, ARGV[i], unpack(fields))
+  else
+    redis.call('XADD', key, ARGV[i], unpack(fields))
+  end
+end
+redis.call('PERSIST', key)
+return before
+"""
+"""One conversation's appends at once: KEYS[1] the stream, ARGV[1] its MAXLEN (0: none), then per
+entry its id, event, data, run_id and prev ('' when none). The entries are added in order (the
+first refused one, an id not above the stream's newest, ends the script with Redis's error), the
+expiry a previous run's done set is removed, and the answer is the id of the stream's newest entry
+before them ('' if none): equal to the first entry's ``prev``, nobody else appended in between."""
+APPEND_SHA = hashlib.sha1(APPEND_SCRIPT.encode()).hexdigest()
+
+
+def append_command(key: str, maxlen: int | None, events: Sequence[StoredEvent], *, by_sha: bool) -> Command:
+    """``APPEND_SCRIPT`` on ``events`` (``EVALSHA``, or ``EVAL`` with the script itself)."""
+    args: list[str | int] = ["EVALSHA" if by_sha else "EVAL", APPEND_SHA if by_sha else APPEND_SCRIPT, 1, key]
+    args.append(maxlen or 0)
+    for e in events:
+        args += (e.id, e.event, e.data, e.run_id, e.prev or "")
+    return tuple(args)
 
 
 def stored_events(entries: Sequence[tuple[str, dict[str, str]]]) -> list[StoredEvent]:
@@ -157,10 +203,15 @@ class Follower:
 
 
 class Subscription:
-    """This process's interest in one conversation's stream: where reading is, and who follows."""
+    """This process's interest in one conversation's stream: where reading is, and who follows.
+
+    Entries reach the followers from the process's reader, or, for the appends of this process
+    itself, straight from its writer (``feed``), which spares the reader reading them back.
+    """
 
     __slots__ = (
         "conversation_id",
+        "fed_until",
         "followers",
         "key",
         "key_bulk",
@@ -175,6 +226,8 @@ class Subscription:
         self.key_bulk = bulk(key)
         self._move_to(position)
         self.followers: set[Follower] = set()
+        self.fed_until = 0.0
+        """Until when (the loop's clock) the reader leaves this stream to ``feed``."""
 
     def _move_to(self, position: str) -> None:
         # Id of the last entry handed to followers; a follower that joins now gets all after it.
@@ -202,6 +255,24 @@ class Subscription:
                 follower.batches.append(events)
                 follower.size += n
             follower.wakeup.set()
+
+    def feed(self, events: list[StoredEvent], before: str, limit: int, now: float) -> bool:
+        """Hand the followers this process's own append of ``events``, after which the stream's
+        newest entry was ``before`` (``APPEND_SCRIPT``; '' if none), and leave the stream out of
+        the reader's reads for ``LOCAL_FEED_S``. Only when nothing can lie between what the
+        followers have and ``events``: ``events`` come right after ``before`` (their ``prev``), and
+        the followers have everything up to it (the reader, blocked on this stream, may even have
+        handed them some of ``events`` already: ``deliver`` drops what they have). Otherwise
+        (another process appended in between, or the reader is behind) the reader delivers them,
+        and False says it must read this stream now."""
+        first = events[0].prev or ""
+        if first != before or (before and parse_cursor(before) > self.position_key):
+            self.fed_until = 0.0
+            return False
+        self.deliver(events, limit)
+        # After a run's done, the next run may be another worker's: back to the reader.
+        self.fed_until = 0.0 if events[-1].event == "done" else now + LOCAL_FEED_S
+        return True
 
     def fail(self, error: BaseException) -> None:
         for follower in self.followers:
