@@ -211,7 +211,7 @@ async def knee_agentstream(
         "subject": subject,
         "key": "floor" if floor else f"{'one' if workers == 1 else 'two'}{'-pg' if db == 'postgres' else ''}",
         "workers": workers,
-        "database": "none" if floor else database,
+        "database": "no database, no Redis" if floor else database,
         "env": {} if floor else env,
         "pinning": _pinning_note(where, "worker"),
         "profile": args.profile if profile else None,
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--levels",
         type=int,
         nargs="+",
-        help="users per level (default 50 100 120 140 160 200 250 300 400 500 700 1000 1500)",
+        help="users per level (default 50 100 120 140 160 180 200 220 240 260 300 400 500 1000)",
     )
     k.add_argument(
         "--lg-levels",
@@ -498,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--out", default="", help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.command == "knee" and not args.quick:
-        args.levels = args.levels or [50, 100, 120, 140, 160, 200, 250, 300, 400, 500, 700, 1000, 1500]
+        args.levels = args.levels or [50, 100, 120, 140, 160, 180, 200, 220, 240, 260, 300, 400, 500, 1000]
         args.lg_levels = args.lg_levels or [2, 4, 6, 8, 12, 16, 25, 50, 100, 200, 500, 1000]
     if args.quick:
         if args.command == "knee":

@@ -1,6 +1,7 @@
-"""The "Capacity (issue 17)" part of bench/RESULTS.md: its rows of the target table and its section, from
-``capacity_bench knee``, ``burst`` and ``cluster-throughput`` (bench/out/capacity_knee.json,
-capacity_burst.json and capacity_cluster.json). Used by bench/report.py.
+"""The "Capacity (issues 17, 29)" part of bench/RESULTS.md: its rows of the target table and its
+section, from ``capacity_bench knee`` (with the floor, issue 29), ``burst`` and
+``cluster-throughput`` (bench/out/capacity_knee.json, capacity_burst.json and
+capacity_cluster.json). Used by bench/report.py.
 
 Every figure is read with ``.get``: a ``--quick`` run, a subject that did not run (``not_run``) or a
 file that says ``error`` gives "n/a" or the reason, never an exception.
@@ -12,7 +13,13 @@ from bench.report_common import fmt, verdict
 
 Row = tuple[str, str, str, bool | None]
 
-KNEE_ONE = "knee: one worker holds >= 1,000 runs streaming 50 tokens/s, p99 < 50 ms"
+KNEE_RATIO = 0.8
+"""Issue 29: one worker's knee at least this share of the floor's (the bare relay's)."""
+CPU_RATIO = 2.0
+"""Issue 29: one worker's CPU per streamed token at most this multiple of the floor's."""
+START_P99_MS = 250.0
+"""Issue 29: POST -> first token p99 at the knee under this."""
+DATABASES = {"one": "SQLite", "one-pg": "PostgreSQL"}
 BURST = (
     "burst: 2,000 POSTs in 1 s, MAX_ACTIVE_RUNS=200: all 202 or 429, none lost, every accepted run completes"
 )
@@ -32,13 +39,78 @@ def _seconds(ms: float | None) -> float | None:
 
 
 def _subject(knee: dict, which: str) -> dict | None:
-    """The knee subject ``one``, ``two`` or ``langgraph`` of a knee result."""
+    """The knee subject ``floor``, ``one``, ``one-pg``, ``two`` or ``langgraph`` of a knee result."""
     for s in knee.get("subjects") or []:
-        if which == "langgraph" and "LangGraph" in str(s.get("subject", "")):
+        if s.get("key") == which:
             return s
-        if which != "langgraph" and s.get("workers") == {"one": 1, "two": 2}[which]:
-            return s
+        if "key" not in s:  # a result of before issue 29
+            if which == "langgraph" and "LangGraph" in str(s.get("subject", "")):
+                return s
+            if which in ("one", "two") and s.get("workers") == {"one": 1, "two": 2}[which]:
+                return s
     return None
+
+
+def _at_knee(subject: dict | None) -> dict:
+    """The level row at the subject's knee ({} when there is none)."""
+    if not subject or subject.get("knee") is None:
+        return {}
+    return next((r for r in subject.get("levels") or [] if r.get("users") == subject["knee"]), {})
+
+
+def _floor_rows(knee: dict) -> list[Row]:
+    """Issue 29's rows: the floor, each one-worker knee and CPU per token against it, the start."""
+    floor = _subject(knee, "floor")
+    text = _knee_measured(floor)[0]
+    rows: list[Row] = [("C", "floor: the knee of a bare relay (bench/peers/bare_relay.py)", text, None)]
+    compared = knee.get("floor") or {}
+    for key, db in DATABASES.items():
+        subject = _subject(knee, key)
+        got = compared.get(key) or {}
+        ratio = got.get("knee_ratio")
+        one_text = _knee_measured(subject)[0]
+        rows.append(
+            (
+                "C",
+                f"knee: one worker ({db}) >= {KNEE_RATIO} x the floor's",
+                f"{fmt(ratio, 'x', 2)} ({one_text} / {text})" if ratio is not None else f"n/a ({one_text})",
+                (ratio >= KNEE_RATIO) if ratio is not None else None,
+            )
+        )
+        cpu = got.get("cpu_per_token") or {}
+        cpu_ratio = cpu.get("cpu_per_token_ratio")
+        rows.append(
+            (
+                "C",
+                f"worker CPU per streamed token ({db}) <= {CPU_RATIO:g} x the floor's, at one level",
+                f"{fmt(cpu_ratio, 'x', 2)} ({fmt(cpu.get('worker_cpu_us_per_token'), ' µs', 0)} / "
+                f"{fmt(cpu.get('floor_cpu_us_per_token'), ' µs', 0)} at {cpu.get('users')} users)"
+                if cpu_ratio is not None
+                else "n/a (no level both met)",
+                (cpu_ratio <= CPU_RATIO) if cpu_ratio is not None else None,
+            )
+        )
+        start = _at_knee(subject).get("start_to_first_token_ms_p99")
+        rows.append(
+            (
+                "C",
+                f"POST -> first token p99 at the knee ({db}) < {START_P99_MS:g} ms",
+                f"{fmt(start, ' ms', 0)} at {subject.get('knee') if subject else '?'} users"
+                if start is not None
+                else "n/a (no knee)",
+                (start < START_P99_MS) if start is not None else None,
+            )
+        )
+    two = compared.get("two") or {}
+    rows.append(
+        (
+            "C",
+            "knee: two workers (SQLite) / the floor's one process",
+            f"{fmt(two.get('knee_ratio'), 'x', 2)} ({_knee_measured(_subject(knee, 'two'))[0]})",
+            None,
+        )
+    )
+    return rows
 
 
 def _first_missed(subject: dict) -> int | None:
@@ -68,9 +140,9 @@ def capacity_targets(knee: dict | None, burst: dict | None, cluster: dict | None
     if why or knee is None:
         rows.append(("C", "knee", why or "", None))
     else:
-        text, one, measured = _knee_measured(_subject(knee, "one"))
-        rows.append(("C", KNEE_ONE, text, (one is not None and one >= 1000) if measured else None))
-        rows.append(("C", "knee: two workers", _knee_measured(_subject(knee, "two"))[0], None))
+        rows.extend(_floor_rows(knee))
+        one = _subject(knee, "one")
+        one = one.get("knee") if one else None
         ratio = knee.get("ratio_agentstream_one_worker_to_langgraph")
         lg = _subject(knee, "langgraph")
         lg_knee = lg.get("knee") if lg else None
@@ -140,7 +212,7 @@ def _knee_table(subject: dict) -> list[str]:
     cpu = _cpu_columns(levels)
     head = (
         "| users | p50 / p99 / max ms | tokens/s received / offered | streaming runs | "
-        "POST -> first token p50 ms | runs good / started | "
+        "POST -> first token p50 / p99 ms | worker µs per token | runs good / started | "
         + "".join(f"{k[: -len('_cpu_pct')].replace('_', ' ')} CPU | " for k in cpu)
         + "machine busy | |"
     )
@@ -153,7 +225,9 @@ def _knee_table(subject: dict) -> list[str]:
             f"{fmt(row.get('p50_ms'), '', 1)} / {fmt(row.get('p99_ms'), '', 1)} / "
             f"{fmt(row.get('max_ms'), '', 1)} | {fmt(row.get('tokens_per_s'), '', 0)} / "
             f"{fmt(row.get('tokens_per_s_offered'), '', 0)} | {fmt(row.get('streaming_runs_mean'), '', 1)} | "
-            f"{fmt(row.get('start_to_first_token_ms_p50'), '', 0)} | "
+            f"{fmt(row.get('start_to_first_token_ms_p50'), '', 0)} / "
+            f"{fmt(row.get('start_to_first_token_ms_p99'), '', 0)} | "
+            f"{fmt(row.get('worker_cpu_us_per_token'), '', 0)} | "
             f"{row.get('runs_good', '?')} / {row.get('runs_started', '?')} | "
             + "".join(f"{fmt(row.get(k), '%', 0)} | " for k in cpu)
             + f"{fmt(row.get('machine_busy_pct'), '%', 0)} | {met}{f' ({problems})' if problems else ''} |"
@@ -189,6 +263,7 @@ def _knee_part(knee: dict | None) -> list[str]:
         md.extend(_knee_table(subject))
         k = subject.get("knee")
         md.append(f"\nKnee: **{k:,}** runs.\n" if k is not None else "\nKnee: no level met.\n")
+    md.extend(_floor_part(knee))
     one = _subject(knee, "one")
     lg = _subject(knee, "langgraph")
     ratio = knee.get("ratio_agentstream_one_worker_to_langgraph")
@@ -199,6 +274,31 @@ def _knee_part(knee: dict | None) -> list[str]:
         )
     else:
         md.append("One AgentStream worker / the LangGraph API server: n/a (a knee is missing).\n")
+    return md
+
+
+def _floor_part(knee: dict) -> list[str]:
+    """Each AgentStream subject against the floor (the bare relay), measured in the same invocation."""
+    compared = knee.get("floor") or {}
+    if not compared:
+        return ["Against the floor: n/a (the floor did not run in this invocation).\n"]
+    md = [
+        "Against the floor (the bare relay, same invocation): the knee's ratio, and worker CPU per "
+        "streamed token at the highest level both met (same users: the same tokens and starts a second).\n",
+        "| subject | knee / floor's | at users | worker µs per token | floor's | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, got in compared.items():
+        subject = _subject(knee, key) or {}
+        cpu = got.get("cpu_per_token") or {}
+        md.append(
+            f"| {subject.get('subject', key)} | {fmt(got.get('knee_ratio'), 'x', 2)} "
+            f"({got.get('knee')} / {got.get('floor_knee')}) | {cpu.get('users', 'n/a')} | "
+            f"{fmt(cpu.get('worker_cpu_us_per_token'), '', 0)} | "
+            f"{fmt(cpu.get('floor_cpu_us_per_token'), '', 0)} | "
+            f"{fmt(cpu.get('cpu_per_token_ratio'), 'x', 2)} |"
+        )
+    md.append("")
     return md
 
 
@@ -326,11 +426,12 @@ def _cluster_part(cluster: dict | None) -> list[str]:
 
 def capacity_section(knee: dict | None, burst: dict | None, cluster: dict | None) -> list[str]:
     """The "Capacity (issue 17)" section of RESULTS.md."""
-    md: list[str] = ["## Capacity (issue 17)\n"]
+    md: list[str] = ["## Capacity (issues 17, 29)\n"]
     md.append(
         "`bench/capacity_bench.py`, each subcommand with a Redis of its own (not the machine's 6379). "
         "`knee`: N users each keep one run streaming at 50 tokens/s; token delivery is the client's "
-        "receive time minus the fake LLM's send stamp; N steps up until a level misses. `burst`: run "
+        "receive time minus the fake LLM's send stamp; N steps up until a level misses; the floor is a "
+        "bare relay (`bench/peers/bare_relay.py`) driven the same way in the same invocation. `burst`: run "
         "starts in one second against two workers with a small `MAX_ACTIVE_RUNS`; every answer must be "
         "202 or 429 and every accepted run must complete exactly. `cluster-throughput`: the throughput "
         'load through a Redis Cluster against one node. How each is measured: bench/README.md "Capacity '
