@@ -26,7 +26,7 @@ from app.settings import Settings
 from app.tools.mcp import MCPConfigError
 from tests.support.fake_agents import ToolAgentBehaviour
 from tests.support.fake_openai import FakeOpenAIServer
-from tests.support.server import ROOT, ServerThread, free_port, wait_until
+from tests.support.server import CLIENT_TLS, ROOT, ServerThread, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +147,7 @@ def service(
 
 @pytest.fixture
 def http(service: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=service.base_url, timeout=15) as client:
+    with httpx.Client(base_url=service.base_url, timeout=15, verify=CLIENT_TLS) as client:
         yield client
 
 

@@ -18,7 +18,7 @@ from ag_ui_validate.pytest_plugin import assert_valid_agui
 
 from tests.integration.service.workers_support import FakeLLM, GatedAgent
 from tests.support.fake_agents import EchoAgentBehaviour
-from tests.support.server import ServerThread, wait_until
+from tests.support.server import CLIENT_TLS, ServerThread, wait_until
 
 KEYS = "alice:key-alice,bob:key-bob"
 ALICE = "key-alice"
@@ -66,7 +66,8 @@ class AgUi:
     """One owner calling the face (and the own API, for what the tests compare with)."""
 
     def __init__(self, base_url: str, key: str) -> None:
-        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        headers = {"Authorization": f"Bearer {key}"}
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=10, verify=CLIENT_TLS)
 
     def close(self) -> None:
         self.http.close()

@@ -21,7 +21,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
     redis_prefix_fixture,
     start_service_fixture,
 )
-from tests.support.server import ServerThread
+from tests.support.server import CLIENT_TLS, ServerThread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,7 +33,7 @@ def service(start_service: Callable[..., ServerThread]) -> ServerThread:
 
 @pytest.fixture
 def http(service: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=service.base_url, timeout=10) as client:
+    with httpx.Client(base_url=service.base_url, timeout=10, verify=CLIENT_TLS) as client:
         yield client
 
 

@@ -29,7 +29,7 @@ from tests.integration.service.workers_support import (  # noqa: F401  (fixtures
 )
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour
 from tests.support.node import require_node, run_node
-from tests.support.server import ServerThread, wait_until
+from tests.support.server import CLIENT_TLS, ServerThread, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +46,7 @@ def service(start_service: Callable[..., ServerThread]) -> ServerThread:
 
 @pytest.fixture
 def http(service: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=service.base_url, headers=ALICE, timeout=10) as client:
+    with httpx.Client(base_url=service.base_url, headers=ALICE, timeout=10, verify=CLIENT_TLS) as client:
         yield client
 
 

@@ -32,7 +32,7 @@ import redis
 from app.settings import Settings
 from app.tools.registry import Tool
 from tests.support.fake_openai import FakeOpenAIServer
-from tests.support.server import ServerThread, free_port, wait_until
+from tests.support.server import CLIENT_TLS, ServerThread, free_port, wait_until
 from tests.support.services import REDIS_URL
 from tests.support.sse import SseEvent, iter_sse, read_events
 
@@ -67,7 +67,7 @@ class Api:
     def __init__(self, base_url: str, key: str | None) -> None:
         self.key = key
         headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=15.0)
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=15.0, verify=CLIENT_TLS)
 
     def close(self) -> None:
         self.http.close()

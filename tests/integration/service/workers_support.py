@@ -37,7 +37,7 @@ from app.streaming.bus import StoredEvent
 from tests.integration.conftest import run_in_own_loop
 from tests.support.fake_agents import EchoAgentBehaviour
 from tests.support.fake_openai import FakeOpenAIServer, FakeReply
-from tests.support.server import ServerProcess, ServerThread, wait_until
+from tests.support.server import CLIENT_TLS, ServerProcess, ServerThread, wait_until
 from tests.support.services import REDIS_URL
 from tests.support.sse import SseEvent, iter_sse
 
@@ -309,7 +309,7 @@ class Api:
         self.http = httpx.Client(
             base_url=base_url,
             timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
-            transport=httpx.HTTPTransport(socket_options=options),
+            transport=httpx.HTTPTransport(verify=CLIENT_TLS, socket_options=options),
         )
 
     def close(self) -> None:
