@@ -242,11 +242,15 @@ class RunManager:
         if not self._accepting:
             raise ShuttingDownError("this worker is shutting down; retry on another worker")
         conv_id = conversation.id
-        bus_last: str | None = None
-        with contextlib.suppress(Exception):
-            bus_last = await self.bus.last_id(conv_id)
-        # Read before the start, which takes what waits then: a later follow-up moves the hint.
-        seen = await self.interrupt_queue(conv_id).version()
+
+        async def bus_last_id() -> str | None:
+            with contextlib.suppress(Exception):
+                return await self.bus.last_id(conv_id)
+            return None
+
+        # Both at once. The hint is read before the start, which takes what waits then: a later
+        # follow-up moves it.
+        bus_last, seen = await asyncio.gather(bus_last_id(), self.interrupt_queue(conv_id).version())
         queued: list[StoredEvent] = []
         opened: list[Opening] = []
 
