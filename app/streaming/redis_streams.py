@@ -61,6 +61,8 @@ append could come meanwhile, and only when two attempts of a run overlap (a leas
 worker still runs): the reader reads it once this lapses, or at once when the next append here
 shows it (``APPEND_SCRIPT``'s answer)."""
 
+_HANDS_BACK = frozenset({"done", "phase"})
+
 APPEND_SCRIPT = """
 local key = KEYS[1]
 local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
@@ -270,8 +272,9 @@ class Subscription:
             self.fed_until = 0.0
             return False
         self.deliver(events, limit)
-        # After a run's done, the next run may be another worker's: back to the reader.
-        self.fed_until = 0.0 if events[-1].event == "done" else now + LOCAL_FEED_S
+        # After a run's done, or a phase (a run that parks, for one), what comes next may be
+        # another worker's: back to the reader.
+        self.fed_until = 0.0 if events[-1].event in _HANDS_BACK else now + LOCAL_FEED_S
         return True
 
     def fail(self, error: BaseException) -> None:

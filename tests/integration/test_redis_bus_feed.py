@@ -152,14 +152,18 @@ async def test_an_append_of_another_worker_after_the_last_feed_arrives_when_the_
     assert ids(watched.seen) == ids(mine + theirs)
 
 
-async def test_a_done_gives_the_stream_back_to_the_reader(watched: Watched) -> None:
+@pytest.mark.parametrize("last", ["done", "phase"])
+async def test_a_done_or_a_phase_gives_the_stream_back_to_the_reader(watched: Watched, last: str) -> None:
     first = chain(1001, 2, None)
     await watched.bus.append(CONV, first)
     await watched.has(2)
-    await watched.bus.append(CONV, chain(1003, 2, first[-1].id, last="done"))
+    await watched.bus.append(CONV, chain(1003, 2, first[-1].id))
     await watched.has(4)
+    assert watched.bus.subscriptions[CONV].fed_until > 0
+    await watched.bus.append(CONV, chain(1005, 2, "1004-0", last=last))
+    await watched.has(6)
 
-    assert watched.seen[-1].event == "done"
+    assert watched.seen[-1].event == last
     assert watched.bus.subscriptions[CONV].fed_until == 0.0
 
 
