@@ -3,22 +3,17 @@
 SQLite gets WAL (readers never block the writer), a 5 s busy timeout (several workers on one host
 may share the file) and enforced foreign keys; PostgreSQL gets a liveness check at every checkout so
 that a restarted server does not fail the first query of every pooled connection (``_check_alive``).
-The busiest write transactions run whole on a thread of their own (``transaction``,
-``TransactionThread``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import logging
 import select
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL, make_url
@@ -27,13 +22,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.pool import Pool
 
 log = logging.getLogger(__name__)
-
-TRANSACTION_POOL = 5
-"""Connections of the transaction thread's engine (and as many again for a while)."""
-
-T = TypeVar("T")
-Work = Callable[[AsyncSession], Awaitable[T]]
-"""A write transaction's statements, given its session (``transaction``)."""
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 
@@ -66,25 +54,17 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def create_engine(
-    url: str | URL,
-    *,
-    enforce_foreign_keys: bool = True,
-    poolclass: type[Pool] | None = None,
-    pool_size: int | None = None,
+    url: str | URL, *, enforce_foreign_keys: bool = True, poolclass: type[Pool] | None = None
 ) -> AsyncEngine:
     """An async engine for ``url`` set up for its dialect.
 
     ``enforce_foreign_keys=False`` is for migrations only: SQLite batch migrations rebuild a table
     by dropping it, and with foreign keys on that drop would cascade-delete the child rows.
-    ``pool_size``: connections kept (and as many again lent for a while); the default, 10 + 20 on
-    PostgreSQL, is for the engine that serves every request.
     """
     parsed = async_database_url(url)
     kwargs: dict[str, Any] = {}
     if poolclass is not None:
         kwargs["poolclass"] = poolclass
-    elif pool_size is not None:
-        kwargs.update(pool_size=pool_size, max_overflow=pool_size)
     if parsed.get_backend_name() == "sqlite":
         path = _sqlite_file(parsed)
         if path is not None:
@@ -93,7 +73,7 @@ def create_engine(
         _configure_sqlite(engine, enforce_foreign_keys=enforce_foreign_keys)
         return engine
     if parsed.get_backend_name() == "postgresql":
-        if poolclass is None and pool_size is None:
+        if poolclass is None:
             # Every active run and open stream borrows connections briefly; SQLAlchemy's default
             # 5 + 10 ran dry at 200 concurrent conversations a worker (docs/reliability.md).
             kwargs.update(pool_size=10, max_overflow=20)
@@ -155,124 +135,9 @@ def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> Non
             cursor.close()
 
 
-class TransactionThread:
-    """A thread with an event loop and an engine of its own, on which whole write transactions run.
-
-    On the event loop that serves the requests and streams, every statement of a transaction waits
-    for the loop to come round to it: a statement's reply is a callback like any other, queued
-    behind a loop iteration's hundreds (a token each, at a few hundred streaming runs). A run's
-    start is about ten statements; at 80 streaming runs on one worker it took 34 ms (and a batch of
-    events 15 ms) for well under a millisecond of database work, and on SQLite, whose write
-    transactions take turns, the turns queued up: starts waited 140 ms on average for theirs.
-    Here a transaction's statements follow one another on a loop that does nothing else; the
-    caller's loop waits once, for its outcome.
-    """
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-        self.sessionmaker = async_sessionmaker(engine, expire_on_commit=False)
-        self._loop = asyncio.new_event_loop()
-        self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="db-transactions", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_forever()
-        finally:
-            self._loop.close()
-
-    async def run(self, work: Work[T]) -> T:
-        """``work`` in one transaction on the thread (committed if it returns, rolled back if it
-        raises); its result or exception.
-
-        A caller cancelled meanwhile still waits for the transaction's end before it takes the
-        cancellation: a transaction is short, and what the caller holds (SQLite's write turn)
-        must not be let go while it is still open. So a cancelled call may have committed, as one
-        cancelled right after its commit would have.
-        """
-        if self._closed:
-            raise RuntimeError("the database is closed")
-        caller = asyncio.get_running_loop()
-        outcome: asyncio.Future[T] = caller.create_future()
-        context = contextvars.copy_context()  # the caller's log fields go along
-
-        def report(task: asyncio.Task[T]) -> None:
-            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-                caller.call_soon_threadsafe(_settle_from, task, outcome)
-
-        def begin() -> None:
-            self._loop.create_task(self._transaction(work), context=context).add_done_callback(report)
-
-        self._loop.call_soon_threadsafe(begin)
-        try:
-            return await asyncio.shield(outcome)
-        except asyncio.CancelledError:
-            if not outcome.done():
-                await asyncio.wait([outcome])
-            raise
-
-    async def _transaction(self, work: Work[T]) -> T:
-        async with self.sessionmaker.begin() as session:
-            return await work(session)
-
-    async def close(self) -> None:
-        """End the transactions still running (each caller gets an error), dispose of the engine,
-        stop the thread. A transaction asked for later raises at once."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._wind_up(), self._loop))
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            await asyncio.to_thread(self._thread.join, 10)
-
-    async def _wind_up(self) -> None:
-        running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await self.engine.dispose()
-
-
-def _settle_from(task: asyncio.Task[T], outcome: asyncio.Future[T]) -> None:
-    if outcome.done():
-        return
-    if task.cancelled():
-        outcome.set_exception(RuntimeError("a database transaction was cancelled (the database is closing)"))
-    elif (error := task.exception()) is not None:
-        outcome.set_exception(error)
-    else:
-        outcome.set_result(task.result())
-
-
-class Sessionmaker(async_sessionmaker[AsyncSession]):
-    """The app's session factory: sessions as SQLAlchemy's, plus ``transaction(work)``, which runs
-    on the database's ``TransactionThread`` when it has one (``thread``)."""
-
-    thread: TransactionThread | None = None
-
-    async def transaction(self, work: Work[T]) -> T:
-        if self.thread is None:
-            async with self.begin() as session:
-                return await work(session)
-        return await self.thread.run(work)
-
-
-async def transaction(sessionmaker: async_sessionmaker[AsyncSession], work: Work[T]) -> T:
-    """``work`` in one write transaction: on the database's ``TransactionThread`` if
-    ``sessionmaker`` is the app's (``Sessionmaker``), in ``sessionmaker.begin()`` otherwise."""
-    if isinstance(sessionmaker, Sessionmaker):
-        return await sessionmaker.transaction(work)
-    async with sessionmaker.begin() as session:
-        return await work(session)
-
-
-class WriteSerializingSessionmaker(Sessionmaker):
-    """For SQLite: the write transactions (``begin()``, ``transaction()``) of one process take
-    turns, first come first served, while reads (plain sessions) still run side by side.
+class WriteSerializingSessionmaker(async_sessionmaker[AsyncSession]):
+    """For SQLite: the write transactions (``begin()``) of one process take turns, first come first
+    served, while reads (plain sessions) still run side by side.
 
     SQLite has one writer at a time. Left to contend, writers of one process wait for the file lock
     through the busy handler's sleeps, and under load some lose for longer than the busy timeout:
@@ -288,35 +153,20 @@ class WriteSerializingSessionmaker(Sessionmaker):
         async with self._write_turn, super().begin() as session:
             yield session
 
-    async def transaction(self, work: Work[T]) -> T:
-        if self.thread is None:
-            return await super().transaction(work)
-        async with self._write_turn:
-            return await self.thread.run(work)
-
 
 class Database:
     """One async engine and its session factory; build it in the app's lifespan, dispose it at the end."""
 
     def __init__(self, url: str) -> None:
         self.engine: AsyncEngine = create_engine(url)
-        factory = WriteSerializingSessionmaker if self.engine.dialect.name == "sqlite" else Sessionmaker
-        self.sessionmaker: Sessionmaker = factory(self.engine, expire_on_commit=False)
-        # The transaction thread's own engine, on the same database (an in-memory SQLite database
-        # is one connection's alone: there, transactions stay on the caller's loop).
-        self.transactions: TransactionThread | None = None
-        parsed = async_database_url(url)
-        if parsed.get_backend_name() == "postgresql" or (
-            parsed.get_backend_name() == "sqlite" and _sqlite_file(parsed) is not None
-        ):
-            self.transactions = TransactionThread(create_engine(url, pool_size=TRANSACTION_POOL))
-            self.sessionmaker.thread = self.transactions
+        factory = WriteSerializingSessionmaker if self.engine.dialect.name == "sqlite" else async_sessionmaker
+        self.sessionmaker: async_sessionmaker[AsyncSession] = factory(self.engine, expire_on_commit=False)
         # Lease renewal must not queue behind a busy pool: a worker whose requests exhaust the pool
         # is alive, and if its heartbeat waited for a connection the other workers would reap its
         # runs. A server database gets a small pool of its own for it; SQLite serializes writes in
         # the process anyway, so it shares the one engine.
         self._lease_engine: AsyncEngine | None = None
-        self.lease_sessionmaker: async_sessionmaker[AsyncSession] = self.sessionmaker
+        self.lease_sessionmaker = self.sessionmaker
         if self.engine.dialect.name != "sqlite":
             self._lease_engine = create_async_engine(
                 self.engine.url,
@@ -344,8 +194,6 @@ class Database:
         return True
 
     async def dispose(self) -> None:
-        if self.transactions is not None:
-            await self.transactions.close()
         await self.engine.dispose()
         if self._lease_engine is not None:
             await self._lease_engine.dispose()

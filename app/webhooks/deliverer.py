@@ -119,7 +119,6 @@ class Deliverer:
         self._hold_s = claim_s - min(claim_s / 4.0, 2.0)
         self._flights: dict[str, _Flight] = {}
         self._wake = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
         self._next_prune = 0.0  # the loop's first look prunes
@@ -142,7 +141,6 @@ class Deliverer:
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         # No proxy from the environment (it would connect elsewhere than the address checked), no
         # redirect followed. No connection kept for another attempt: a pool tells connections apart
         # by the address connected to, and a TLS connection verified for one host name would carry
@@ -188,20 +186,8 @@ class Deliverer:
             self._client = None
 
     def wake(self) -> None:
-        """Look for due deliveries now (this worker queued some). From any thread: a close or a
-        park commits on the database's transaction thread (``app.db.session.TransactionThread``)."""
-        loop = self._loop
-        if loop is None:
-            return  # not started: its first look finds them
-        try:
-            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is loop:
-            self._wake.set()
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-                loop.call_soon_threadsafe(self._wake.set)
+        """Look for due deliveries now (this worker queued some)."""
+        self._wake.set()
 
     # ---- claiming --------------------------------------------------------------------------
 

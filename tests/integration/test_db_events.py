@@ -172,12 +172,7 @@ def count_commits(database: Database) -> list[int]:
     def on_commit(_connection: object) -> None:
         commits[0] += 1
 
-    # Both engines: event saves commit on the transaction thread's (app.db.session.TransactionThread).
-    for engine in {
-        database.engine,
-        database.transactions.engine if database.transactions else database.engine,
-    }:
-        sa_event.listen(engine.sync_engine, "commit", on_commit)
+    sa_event.listen(database.engine.sync_engine, "commit", on_commit)
     return commits
 
 

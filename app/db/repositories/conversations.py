@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,7 +30,6 @@ from app.db.repositories.rows import (
     new_conversation_id,
     path_to,
 )
-from app.db.session import transaction
 from app.llm.base import ChatMessage
 
 _ACTIVE_RUN_OF = select(_runs.c.id).where(
@@ -45,7 +43,8 @@ class ConversationRepo:
 
     async def create(self, owner: str, title: str, agent_config: dict[str, Any]) -> ConversationRecord:
         record = new_conversation(owner, title, agent_config)
-        await transaction(self._sessionmaker, functools.partial(_insert_conversation, record=record))
+        async with self._sessionmaker.begin() as session:
+            await _insert_conversation(session, record)
         return record
 
     async def get(self, owner: str, conversation_id: str) -> ConversationRecord | None:

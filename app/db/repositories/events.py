@@ -28,7 +28,6 @@ from app.db.repositories.rows import (
     _insert_events,
     _insert_for,
 )
-from app.db.session import transaction
 from app.streaming.bus import StoredEvent
 from app.streaming.store import AttemptLostError, CheckpointRecord, Fence
 
@@ -213,8 +212,7 @@ class EventRepo:
 
     async def _insert(self, batch: list[_PendingSave]) -> list[_PendingSave]:
         """One transaction for ``batch``; the saves left out because their attempt lost its run."""
-
-        async def insert(session: AsyncSession) -> list[_PendingSave]:
+        async with self._sessionmaker.begin() as session:
             # The fence first (a write: SQLite's lock, PostgreSQL's row locks, so that a claim of
             # the run is either before it, and the save is left out, or after its commit).
             lost = await _fence(session, [pending for pending in batch if pending.fence is not None])
@@ -231,9 +229,7 @@ class EventRepo:
             for pending in kept:
                 if pending.follow_ups_through is not None:
                     await _delete_follow_ups(session, pending.conversation_id, pending.follow_ups_through)
-            return lost
-
-        return await transaction(self._sessionmaker, insert)
+        return lost
 
     async def holds_run(self, fence: Fence) -> bool:
         """Whether ``fence``'s attempt still holds its run (or closed it itself); renews its lease

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,7 +41,6 @@ from app.db.repositories.rows import (
 )
 from app.db.repositories.run_notices import NOTIFY, RunNotices
 from app.db.repositories.run_start import UNDER_HEAD, Opening, Placement, insert_start
-from app.db.session import transaction
 from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent
 
@@ -214,19 +212,19 @@ class RunRepo:
             fresh = dict(row)
             for _ in range(START_ID_ATTEMPTS):
                 row = dict(fresh)
-                work = functools.partial(
-                    insert_start,
-                    row=row,
-                    prior=prior,
-                    admission=admission,
-                    queued_event=queued_event,
-                    placement=placement,
-                    opening=opening,
-                    exclusive=exclusive,
-                    push_configs=push_configs,
-                )
                 try:
-                    history = await transaction(self._sessionmaker, work)
+                    async with self._sessionmaker.begin() as session:
+                        history = await insert_start(
+                            session,
+                            row,
+                            prior,
+                            admission,
+                            queued_event,
+                            placement,
+                            opening,
+                            exclusive=exclusive,
+                            push_configs=push_configs,
+                        )
                 except EventIdTakenError:
                     continue  # another process stored an event under an id stamped here: stamp anew
                 except NearBound:
@@ -285,9 +283,7 @@ class RunRepo:
             raise ValueError(f"a run cannot finish as {status!r}")
         if (messages or done is not None) and conversation_id is None:
             raise ValueError("messages and done need their conversation_id")
-        notices = self._notices
-
-        async def close(session: AsyncSession) -> bool:
+        async with self._sessionmaker.begin() as session:
             result = await session.execute(
                 _FINISH_RUN if attempt is None else _FINISH_ATTEMPT,
                 {
@@ -335,15 +331,13 @@ class RunRepo:
                     raise EventIdTakenError(done.id)
             if (
                 finished is not None
-                and notices is not None
+                and self._notices is not None
                 # RETURNING's NOTIFY may predate a push config committed while the row was waited
                 # for (PostgreSQL): asked again, with the row held (``has_push_configs``).
                 and (finished.notify or await has_push_configs(session, run_id))
             ):
-                await notices.run_changed(session, run_id)
-            return closed
-
-        return await transaction(self._sessionmaker, close)
+                await self._notices.run_changed(session, run_id)
+        return closed
 
     async def renew_leases(self, run_ids: Sequence[str], worker_id: str, lease_s: float) -> None:
         """Extend the leases of those of ``run_ids`` still running on ``worker_id``."""

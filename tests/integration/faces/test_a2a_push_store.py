@@ -7,9 +7,7 @@ one creator after the other; a config of a task that has ended is kept, and owed
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TypeVar
 
 import pytest
 from sqlalchemy import text, update
@@ -29,8 +27,6 @@ from app.db.repositories.push_configs import (
 from app.db.session import Database
 from app.llm.base import ChatMessage
 from tests.support.server import async_wait_until
-
-T = TypeVar("T")
 
 
 class Told:
@@ -86,18 +82,15 @@ async def someone_waits_for_a_lock(database: Database) -> bool:
     return bool(waiting)
 
 
-async def while_a_config_is_created(
-    database: Database, run: RunRecord, change: Callable[[], Awaitable[T]]
-) -> asyncio.Task[T]:
-    """Hold what ``PushConfigRepo.create`` holds (the run's row, the new config), start ``change``,
-    wait until it waits for that row, then commit; ``change``'s task."""
+async def while_a_config_is_created(database: Database, run: RunRecord, change: asyncio.Task[object]) -> None:
+    """Hold what ``PushConfigRepo.create`` holds (the run's row, the new config) until ``change``
+    waits for that row, then commit."""
     async with database.sessionmaker() as creating, creating.begin():
         await creating.execute(update(Run).where(Run.id == run.id).values(attempt=Run.attempt))
         await insert_push_configs(creating, run.id, "alice", [NewPushConfig("late", "https://p.example/a2a")])
-        task = asyncio.ensure_future(change())
+        await asyncio.sleep(0)  # let ``change`` send its statement
         await async_wait_until(lambda: someone_waits_for_a_lock(database), what="a wait for the run's row")
-        assert not task.done()
-    return task
+        assert not change.done()
 
 
 def postgres_only(backend: str) -> None:
@@ -112,7 +105,8 @@ async def test_a_config_committed_while_the_close_waited_for_the_run_is_told_the
     runs = RunRepo(database.sessionmaker, told)
     run = await start(runs, conv)
 
-    closing = await while_a_config_is_created(database, run, lambda: finish(runs, run))
+    closing = asyncio.create_task(finish(runs, run))
+    await while_a_config_is_created(database, run, closing)
 
     assert await closing
     assert told.told == [(run.id, ["late"])]
@@ -129,7 +123,8 @@ async def test_a_config_committed_while_the_park_waited_for_the_run_is_told_the_
         NewApproval("apr_1", run.id, conv.id, "alice", "c1", "calculator", {}, 1, expires)
     )
 
-    parking = await while_a_config_is_created(database, run, lambda: approvals.park(run.id, 1, "w1"))
+    parking = asyncio.create_task(approvals.park(run.id, 1, "w1"))
+    await while_a_config_is_created(database, run, parking)
 
     assert await parking == "waiting"
     assert told.told == [(run.id, ["late"])]
