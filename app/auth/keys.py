@@ -35,6 +35,7 @@ from jwt import PyJWK
 
 from app.observability import Metrics
 from app.settings import fetchable_url
+from app.tls import client_tls
 
 log = logging.getLogger("app.auth")
 
@@ -139,6 +140,7 @@ class SigningKeys:
             # is a failed fetch.
             follow_redirects=False,
             headers={"Accept": "application/json"},
+            verify=client_tls(),
         )
         self._keys: KeySet = {}
         self._last_fetch_ok = False

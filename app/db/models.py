@@ -425,7 +425,6 @@ class WebhookDelivery(Base):
     given_up_at: Mapped[datetime | None]
 
 
-
 class PushConfig(Base):
     """An A2A push notification config of a task (FACES.md N-06): where the service posts the
     task's status changes, with what credentials. ``config_id`` is the A2A config's ``id``, unique

@@ -46,6 +46,7 @@ from app.llm.base import (
 from app.llm.providers import ProviderProfile, profile_for
 from app.llm.replies import ProviderReportedError, parse_completion, template_opens_thinking
 from app.llm.stream_read import StreamReader, chunks
+from app.tls import client_tls
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def default_http_client(timeout_s: float, base_url: str) -> httpx.AsyncClient:
     15 % of the engine's CPU per run, bench/RESULTS.md). Nothing of ``.netrc`` is used: the SDK
     sends the key itself.
     """
-    ssl_context = httpx.create_ssl_context()
+    ssl_context = client_tls()
 
     def session() -> aiohttp.ClientSession:  # made on first use, inside the running loop
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ssl=ssl_context)

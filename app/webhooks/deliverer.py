@@ -35,6 +35,7 @@ from app import __version__
 from app.db.models import utcnow
 from app.observability import Metrics
 from app.settings import Settings
+from app.tls import client_tls
 from app.webhooks.outbox import Delivery, Outbox
 from app.webhooks.signing import webhook_headers
 from app.webhooks.urls import UrlPolicy, WebhookRefusedError
@@ -151,6 +152,7 @@ class Deliverer:
             follow_redirects=False,
             trust_env=False,
             transport=self._transport,
+            verify=client_tls(),
         )
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="webhook-claims"),
