@@ -177,6 +177,7 @@ async def knee_agentstream(
             redis_url=redis.url,
             profile=profile,
             factory=FLOOR if floor else "app.main:create_app",
+            app_path=args.app_path or None,
         ) as stack:
             assert stack.fake is not None
             if where:
@@ -467,6 +468,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--linger-ms", type=float, default=0.0, help="the workers' STREAM_LINGER_MS (answer tokens merged)"
     )
     k.add_argument("--pin", choices=["auto", "none"], default="auto")
+    k.add_argument(
+        "--app-path", default="", help="the workers import app/ from this tree (a worktree of another commit)"
+    )
     k.add_argument(
         "--probe",
         action="store_true",
