@@ -130,7 +130,9 @@ def default_http_client(timeout_s: float, base_url: str) -> httpx.AsyncClient:
             )
 
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout_s), transport=AiohttpTransport(client=session), trust_env=False
+        timeout=httpx.Timeout(timeout_s),
+        transport=AiohttpTransport(client=session, verify=ssl_context),
+        trust_env=False,
     )
 
 
