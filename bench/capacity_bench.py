@@ -152,7 +152,7 @@ def knee_of(levels: list[dict[str, Any]]) -> int | None:
 FLOOR = "bench.peers.bare_relay:create_app"
 
 
-async def knee_agentstream(
+async def knee_workers(
     args: argparse.Namespace, workers: int, db: str, floor: bool = False
 ) -> dict[str, Any]:
     """One subject served by uvicorn worker processes: AgentStream's app (``workers`` of them, on
@@ -285,10 +285,10 @@ def _pinning_note(where: dict[str, set[int]] | None, subject: str) -> str:
 
 
 SUBJECTS = {
-    "floor": lambda args: knee_agentstream(args, 1, "sqlite", floor=True),
-    "one": lambda args: knee_agentstream(args, 1, "sqlite"),
-    "one-pg": lambda args: knee_agentstream(args, 1, "postgres"),
-    "two": lambda args: knee_agentstream(args, 2, "sqlite"),
+    "floor": lambda args: knee_workers(args, 1, "sqlite", floor=True),
+    "one": lambda args: knee_workers(args, 1, "sqlite"),
+    "one-pg": lambda args: knee_workers(args, 1, "postgres"),
+    "two": lambda args: knee_workers(args, 2, "sqlite"),
     "langgraph": knee_langgraph,
 }
 
