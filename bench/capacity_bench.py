@@ -183,8 +183,9 @@ async def knee_workers(
             if where:
                 for pid in stack.pids:
                     pin(pid, where["subject"])
-                for pid in (stack.fake.pid, *redis.pids, os.getpid()):
+                for pid in (stack.fake.pid, *redis.pids):
                     pin(pid, where["rest"])
+                pin(os.getpid(), where["rest"], children=False)
             trees = {f"worker{i}": [pid] for i, pid in enumerate(stack.pids)}
             trees |= {"fake_llm": [stack.fake.pid], "redis": redis.pids}
             try:
@@ -198,7 +199,7 @@ async def knee_workers(
                     probe,
                 )
             finally:
-                pin(os.getpid(), set(range(os.cpu_count() or 1)))
+                pin(os.getpid(), set(range(os.cpu_count() or 1)), children=False)
             database = stack.database
     for row in levels:
         cpu = sum(row.get(f"worker{i}_cpu_pct", 0.0) for i in range(workers))
@@ -253,7 +254,7 @@ async def knee_langgraph(args: argparse.Namespace) -> dict[str, Any]:
                 if where:
                     pin(server.proc.pid, where["subject"])
                     pin(fake.fake.pid, where["rest"])
-                    pin(os.getpid(), where["rest"])
+                    pin(os.getpid(), where["rest"], children=False)
                 port = int(server.base.rsplit(":", 1)[1])
                 levels = await step_levels(
                     args,
@@ -264,7 +265,7 @@ async def knee_langgraph(args: argparse.Namespace) -> dict[str, Any]:
                     {"langgraph": server.proc.pid},
                 )
             finally:
-                pin(os.getpid(), set(range(os.cpu_count() or 1)))
+                pin(os.getpid(), set(range(os.cpu_count() or 1)), children=False)
                 await asyncio.to_thread(server.__exit__, None, None, None)
     return {
         "subject": "LangGraph API server (langgraph dev, in-memory runtime)",
@@ -435,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--levels",
         type=int,
         nargs="+",
-        help="users per level (default 50 100 120 140 160 180 200 220 240 260 300 400 500 1000)",
+        help="users per level (default 50 100 120 140 160 180 200 220 240 260 300 340 380 420 500 1000)",
     )
     k.add_argument(
         "--lg-levels",
@@ -502,7 +503,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--out", default="", help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.command == "knee" and not args.quick:
-        args.levels = args.levels or [50, 100, 120, 140, 160, 180, 200, 220, 240, 260, 300, 400, 500, 1000]
+        args.levels = args.levels or [
+            50,
+            100,
+            120,
+            140,
+            160,
+            180,
+            200,
+            220,
+            240,
+            260,
+            300,
+            340,
+            380,
+            420,
+            500,
+            1000,
+        ]
         args.lg_levels = args.lg_levels or [2, 4, 6, 8, 12, 16, 25, 50, 100, 200, 500, 1000]
     if args.quick:
         if args.command == "knee":

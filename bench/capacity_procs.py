@@ -218,9 +218,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of ``pid`` and of its descendants onto ``cpus`` (new threads inherit it)."""
-    for p in descendants(pid):
+def pin(pid: int, cpus: set[int], *, children: bool = True) -> None:
+    """Every thread of ``pid`` and (``children``) of its descendants onto ``cpus`` (new threads
+    inherit it). The load generator pins itself with ``children=False``: the processes under test
+    are its children, and pinning its tree put them on its CPU too (every knee measured before
+    2026-12-06 afternoon ran the worker on the load generator's CPU, the other one idle)."""
+    for p in descendants(pid) if children else [pid]:
         for task in Path(f"/proc/{p}/task").glob("*"):
             try:
                 os.sched_setaffinity(int(task.name), cpus)
