@@ -21,8 +21,6 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import Pool
 
-from app.db.sqlite_inline import BEGIN_IMMEDIATE, executes, inline_creator
-
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
@@ -56,20 +54,12 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def create_engine(
-    url: str | URL,
-    *,
-    enforce_foreign_keys: bool = True,
-    poolclass: type[Pool] | None = None,
-    inline: str | None = None,
+    url: str | URL, *, enforce_foreign_keys: bool = True, poolclass: type[Pool] | None = None
 ) -> AsyncEngine:
     """An async engine for ``url`` set up for its dialect.
 
     ``enforce_foreign_keys=False`` is for migrations only: SQLite batch migrations rebuild a table
     by dropping it, and with foreign keys on that drop would cascade-delete the child rows.
-    ``inline``: for a SQLite file, statements run on the event loop's thread
-    (``app.db.sqlite_inline``): ``"reads"`` for sessions that only read, ``"writes"`` for write
-    transactions (each starts with ``BEGIN IMMEDIATE``; the busy timeout is 0, a wait for another
-    process's lock goes to a thread).
     """
     parsed = async_database_url(url)
     kwargs: dict[str, Any] = {}
@@ -79,15 +69,8 @@ def create_engine(
         path = _sqlite_file(parsed)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        writes = inline == "writes" and path is not None
-        if inline and path is not None:
-            kwargs["async_creator"] = inline_creator(path, SQLITE_BUSY_TIMEOUT_MS)
         engine = create_async_engine(parsed, **kwargs)
-        _configure_sqlite(
-            engine, enforce_foreign_keys=enforce_foreign_keys, busy_timeout_ms=0 if writes else None
-        )
-        if writes:
-            event.listen(engine.sync_engine, "begin", executes([BEGIN_IMMEDIATE]))
+        _configure_sqlite(engine, enforce_foreign_keys=enforce_foreign_keys)
         return engine
     if parsed.get_backend_name() == "postgresql":
         if poolclass is None:
@@ -139,11 +122,7 @@ def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
             raise DisconnectionError(f"the connection failed its ping: {exc!r}") from exc
 
 
-def _configure_sqlite(
-    engine: AsyncEngine, *, enforce_foreign_keys: bool, busy_timeout_ms: int | None = None
-) -> None:
-    """``busy_timeout_ms``: the busy timeout once connected (default ``SQLITE_BUSY_TIMEOUT_MS``)."""
-
+def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
@@ -152,8 +131,6 @@ def _configure_sqlite(
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if enforce_foreign_keys else 'OFF'}")
-            if busy_timeout_ms is not None:
-                cursor.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
         finally:
             cursor.close()
 
@@ -165,59 +142,35 @@ class WriteSerializingSessionmaker(async_sessionmaker[AsyncSession]):
     SQLite has one writer at a time. Left to contend, writers of one process wait for the file lock
     through the busy handler's sleeps, and under load some lose for longer than the busy timeout:
     at 200 concurrent runs on one worker, runs failed with "database is locked" (HTTP 500).
-
-    ``write_bind``: the engine of the write transactions (for a file, one whose statements run on
-    the event loop's thread: ``app.db.sqlite_inline``); by default the sessions' own.
     """
 
-    def __init__(self, *args: Any, write_bind: AsyncEngine | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._write_turn = asyncio.Lock()
-        self._write_bind = write_bind
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncSession]:  # type: ignore[override]
         async with self._write_turn:
-            if self._write_bind is None:
-                async with super().begin() as session:
+            # Not ``async with session``: AsyncSession closes itself in a task of its own, shielded
+            # from cancellation, which costs the event loop two or three iterations (tens of
+            # milliseconds under load) while the turn is held and every other write waits. By the
+            # time it closes, the transaction is committed or rolled back, so a cancellation in
+            # the close leaves no lock behind (SQLAlchemy then discards the connection).
+            session = self()
+            try:
+                async with session.begin():
                     yield session
-            else:
-                async with self(bind=self._write_bind) as session, session.begin():
-                    yield session
-
-
-class InlineSession(AsyncSession):
-    """A session on SQLite connections that run on the loop's thread (``app.db.sqlite_inline``).
-
-    AsyncSession closes itself, at the end of ``async with``, in a task of its own, shielded from
-    cancellation: two or three iterations of the event loop for every session, which a write
-    transaction spent holding the write turn. Closing here never suspends (no I/O awaits a
-    thread), so nothing can interrupt it, and it is done in place.
-    """
-
-    async def __aexit__(self, type_: Any, value: Any, traceback: Any) -> None:
-        await self.close()
+            finally:
+                await session.close()
 
 
 class Database:
     """One async engine and its session factory; build it in the app's lifespan, dispose it at the end."""
 
     def __init__(self, url: str) -> None:
-        # A SQLite file is read and written on the event loop's thread (app.db.sqlite_inline), with
-        # an engine for each: a read takes no lock, a write transaction takes the file's first.
-        self.engine: AsyncEngine = create_engine(url, inline="reads")
-        self._write_engine: AsyncEngine | None = None
-        if self.engine.dialect.name == "sqlite":
-            if _sqlite_file(self.engine.url) is not None:
-                self._write_engine = create_engine(url, inline="writes")
-            self.sessionmaker: async_sessionmaker[AsyncSession] = WriteSerializingSessionmaker(
-                self.engine,
-                write_bind=self._write_engine,
-                class_=AsyncSession if self._write_engine is None else InlineSession,
-                expire_on_commit=False,
-            )
-        else:
-            self.sessionmaker = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.engine: AsyncEngine = create_engine(url)
+        factory = WriteSerializingSessionmaker if self.engine.dialect.name == "sqlite" else async_sessionmaker
+        self.sessionmaker: async_sessionmaker[AsyncSession] = factory(self.engine, expire_on_commit=False)
         # Lease renewal must not queue behind a busy pool: a worker whose requests exhaust the pool
         # is alive, and if its heartbeat waited for a connection the other workers would reap its
         # runs. A server database gets a small pool of its own for it; SQLite serializes writes in
@@ -233,11 +186,6 @@ class Database:
                 connect_args=postgres_connect_args(),
             )
             self.lease_sessionmaker = async_sessionmaker(self._lease_engine, expire_on_commit=False)
-
-    @property
-    def write_engine(self) -> AsyncEngine:
-        """The engine of the write transactions (``sessionmaker.begin()``)."""
-        return self._write_engine or self.engine
 
     @property
     def dialect(self) -> str:
@@ -257,7 +205,5 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
-        if self._write_engine is not None:
-            await self._write_engine.dispose()
         if self._lease_engine is not None:
             await self._lease_engine.dispose()

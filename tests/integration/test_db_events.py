@@ -172,7 +172,7 @@ def count_commits(database: Database) -> list[int]:
     def on_commit(_connection: object) -> None:
         commits[0] += 1
 
-    sa_event.listen(database.write_engine.sync_engine, "commit", on_commit)
+    sa_event.listen(database.engine.sync_engine, "commit", on_commit)
     return commits
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -148,3 +150,34 @@ async def test_a_postgres_statement_that_outlasts_the_command_timeout_fails_inst
             assert await session.scalar(text("SELECT 1")) == 1  # the pool goes on
     finally:
         await db.dispose()
+
+
+async def test_a_sqlite_write_transaction_starts_no_task_of_its_own(tmp_path: Path) -> None:
+    """The write turn is held until the session is closed: closed in place, not in a task of its
+    own (AsyncSession's shielded close), which cost the loop iterations while others waited."""
+    db = Database(f"sqlite+aiosqlite:///{tmp_path / 'turn.db'}")
+    loop = asyncio.get_running_loop()
+    started: list[str] = []
+    default = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        started.append(getattr(coro, "__qualname__", repr(coro)))
+        if default is not None:
+            return default(loop, coro, **kwargs)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    try:
+        async with db.sessionmaker.begin() as session:
+            await session.execute(text("CREATE TABLE t (v TEXT)"))
+        loop.set_task_factory(counting)
+        try:
+            async with db.sessionmaker.begin() as session:
+                await session.execute(text("INSERT INTO t VALUES ('a')"))
+        finally:
+            loop.set_task_factory(default)
+        async with db.sessionmaker() as session:
+            assert list(await session.scalars(text("SELECT v FROM t"))) == ["a"]
+    finally:
+        await db.dispose()
+
+    assert started == []
