@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.capacity_client import Level, agentstream_run, langgraph_run, run_level
-from bench.capacity_procs import CpuMeter, RedisClusterNodes, RedisNode, pin
+from bench.capacity_procs import CpuMeter, RedisClusterNodes, RedisNode, load_generator_on, pin
 from bench.fakellm import timed_args
 from bench.service_stack import ROOT, Stack, machine_cpu, machine_share, probe_env, probe_summary, rss_mb
 
@@ -151,6 +151,10 @@ def knee_of(levels: list[dict[str, Any]]) -> int | None:
 
 FLOOR = "bench.peers.bare_relay:create_app"
 
+KNEE_LEVELS = [50, 100, 120, 140, 160, 180, 200, 220, 240, 260, 300, 340, 380, 420, 500, 1000]
+"""Users per level of the knee (the floor's steps go on past 300)."""
+LANGGRAPH_LEVELS = [2, 4, 6, 8, 12, 16, 25, 50, 100, 200, 500, 1000]
+
 
 async def knee_workers(
     args: argparse.Namespace, workers: int, db: str, floor: bool = False
@@ -185,10 +189,9 @@ async def knee_workers(
                     pin(pid, where["subject"])
                 for pid in (stack.fake.pid, *redis.pids):
                     pin(pid, where["rest"])
-                pin(os.getpid(), where["rest"], children=False)
             trees = {f"worker{i}": [pid] for i, pid in enumerate(stack.pids)}
             trees |= {"fake_llm": [stack.fake.pid], "redis": redis.pids}
-            try:
+            with load_generator_on(where["rest"] if where else None):
                 levels = await step_levels(
                     args,
                     args.levels,
@@ -198,8 +201,6 @@ async def knee_workers(
                     {f"worker{i}": pid for i, pid in enumerate(stack.pids)},
                     probe,
                 )
-            finally:
-                pin(os.getpid(), set(range(os.cpu_count() or 1)), children=False)
             database = stack.database
     for row in levels:
         cpu = sum(row.get(f"worker{i}_cpu_pct", 0.0) for i in range(workers))
@@ -254,18 +255,17 @@ async def knee_langgraph(args: argparse.Namespace) -> dict[str, Any]:
                 if where:
                     pin(server.proc.pid, where["subject"])
                     pin(fake.fake.pid, where["rest"])
-                    pin(os.getpid(), where["rest"], children=False)
                 port = int(server.base.rsplit(":", 1)[1])
-                levels = await step_levels(
-                    args,
-                    args.lg_levels,
-                    [port],
-                    langgraph_run,
-                    CpuMeter({"langgraph": [server.proc.pid], "fake_llm": [fake.fake.pid]}),
-                    {"langgraph": server.proc.pid},
-                )
+                with load_generator_on(where["rest"] if where else None):
+                    levels = await step_levels(
+                        args,
+                        args.lg_levels,
+                        [port],
+                        langgraph_run,
+                        CpuMeter({"langgraph": [server.proc.pid], "fake_llm": [fake.fake.pid]}),
+                        {"langgraph": server.proc.pid},
+                    )
             finally:
-                pin(os.getpid(), set(range(os.cpu_count() or 1)), children=False)
                 await asyncio.to_thread(server.__exit__, None, None, None)
     return {
         "subject": "LangGraph API server (langgraph dev, in-memory runtime)",
@@ -436,13 +436,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--levels",
         type=int,
         nargs="+",
-        help="users per level (default 50 100 120 140 160 180 200 220 240 260 300 340 380 420 500 1000)",
+        help=f"users per level (default {' '.join(map(str, KNEE_LEVELS))})",
     )
     k.add_argument(
         "--lg-levels",
         type=int,
         nargs="+",
-        help="for LangGraph (default 2 4 6 8 12 16 25 50 100 200 500 1000)",
+        help=f"for LangGraph (default {' '.join(map(str, LANGGRAPH_LEVELS))})",
     )
     k.add_argument("--tokens", type=int, default=500, help="answer tokens per run (10 s at 50 tokens/s)")
     k.add_argument("--delay-s", type=float, default=0.02, help="between tokens: 20 ms is 50 tokens/s")
@@ -503,25 +503,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--out", default="", help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.command == "knee" and not args.quick:
-        args.levels = args.levels or [
-            50,
-            100,
-            120,
-            140,
-            160,
-            180,
-            200,
-            220,
-            240,
-            260,
-            300,
-            340,
-            380,
-            420,
-            500,
-            1000,
-        ]
-        args.lg_levels = args.lg_levels or [2, 4, 6, 8, 12, 16, 25, 50, 100, 200, 500, 1000]
+        args.levels = args.levels or KNEE_LEVELS
+        args.lg_levels = args.lg_levels or LANGGRAPH_LEVELS
     if args.quick:
         if args.command == "knee":
             args.levels, args.lg_levels = args.levels or [10, 50], args.lg_levels or [5, 20]

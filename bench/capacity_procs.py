@@ -18,6 +18,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
@@ -218,17 +220,32 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def pin(pid: int, cpus: set[int], *, children: bool = True) -> None:
-    """Every thread of ``pid`` and (``children``) of its descendants onto ``cpus`` (new threads
-    inherit it). The load generator pins itself with ``children=False``: the processes under test
-    are its children, and pinning its tree put them on its CPU too (every knee measured before
-    2026-12-06 afternoon ran the worker on the load generator's CPU, the other one idle)."""
-    for p in descendants(pid) if children else [pid]:
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                os.sched_setaffinity(int(task.name), cpus)
-            except OSError:
-                pass
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` and of its descendants onto ``cpus`` (new threads inherit it)."""
+    for p in descendants(pid):
+        _pin_threads(p, cpus)
+
+
+def _pin_threads(pid: int, cpus: set[int]) -> None:
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except OSError:
+            pass
+
+
+@contextmanager
+def load_generator_on(cpus: set[int] | None) -> Iterator[None]:
+    """This process's own threads onto ``cpus`` for the block (None: left where they are), then
+    back on every CPU. Not its children: the processes under test are its children, and pinning
+    its tree put them on its CPU too (every knee measured before 2026-12-06 afternoon ran the
+    worker on the load generator's CPU, the other one idle)."""
+    if cpus is not None:
+        _pin_threads(os.getpid(), cpus)
+    try:
+        yield
+    finally:
+        _pin_threads(os.getpid(), set(range(os.cpu_count() or 1)))
 
 
 def tree_cpu_seconds(pid: int) -> float:
