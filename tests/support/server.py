@@ -9,7 +9,6 @@ import asyncio
 import gc
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import threading
@@ -24,13 +23,14 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings
+from app.tls import client_tls
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENT_TLS = ssl.create_default_context()
-"""The TLS context of the tests' httpx clients, which speak plain HTTP to services on loopback:
-without one, httpx builds a context for each client, loading the CA bundle again (some 20 ms of
-CPU), about once a test in most integration tests."""
+CLIENT_TLS = client_tls()
+"""The TLS context of the tests' httpx clients, which speak plain HTTP to services on loopback: the
+service's own (app.tls). Without one, httpx builds a context for each client, loading the CA bundle
+again (some 20 ms of CPU), about once a test in most integration tests."""
 
 
 def wait_until(
