@@ -45,7 +45,7 @@ from app.llm.base import (
 )
 from app.llm.providers import ProviderProfile, profile_for
 from app.llm.replies import ProviderReportedError, parse_completion, template_opens_thinking
-from app.llm.stream_read import StreamReader, chunks
+from app.llm.stream_read import RAW_BODY, StreamReader, chunks
 from app.tls import client_tls
 
 logger = logging.getLogger(__name__)
@@ -131,9 +131,21 @@ def default_http_client(timeout_s: float, base_url: str) -> httpx.AsyncClient:
 
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s),
-        transport=AiohttpTransport(client=session, verify=ssl_context),
+        transport=_Transport(client=session, verify=ssl_context),
         trust_env=False,
     )
+
+
+class _Transport(AiohttpTransport):
+    """httpx_aiohttp's transport, leaving each response's aiohttp response in its ``extensions``
+    (``RAW_BODY``) for ``stream_read.chunks`` to read the body from directly."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        raw = getattr(response.stream, "_aiohttp_response", None)
+        if isinstance(raw, aiohttp.ClientResponse):
+            response.extensions[RAW_BODY] = raw
+        return response
 
 
 def environment_proxy(base_url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:

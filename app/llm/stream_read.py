@@ -21,24 +21,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from app.llm.base import LLMResponseError, TokenUsage
 from app.llm.providers import ProviderProfile
 from app.llm.replies import ThinkTags, reported_error, text_and_thinking, token_usage
 
-# Where an event-stream line ends: CR, LF or CRLF, and nothing else. httpx's ``aiter_lines`` also
-# ends lines at U+2028, U+0085 and the like (``str.splitlines``), which a JSON chunk may carry raw
-# in a string; that would cut a token's chunk in two. A trailing CR waits for a possible LF.
-_LINE_END = re.compile(r"\r\n|\r(?!$)|\n")
+# Where an event-stream line ends: CR, LF or CRLF, and nothing else (split in bytes: a UTF-8 character
+# never holds either byte, so one cut across two network reads is whole again in ``pending``). A
+# splitter of decoded text such as httpx's ``aiter_lines`` also ends lines at U+2028, U+0085 and the
+# like (``str.splitlines``), which a JSON chunk may carry raw in a string; that would cut a token's
+# chunk in two. A trailing CR waits for a possible LF.
+_LINE_END = re.compile(rb"\r\n|\r(?!$)|\n")
 _CUT_REASONS = frozenset({"length", "content_filter", "error"})
+RAW_BODY = "agentstream.aiohttp_response"
+"""The ``extensions`` key under which the default HTTP client's transport leaves a response's
+aiohttp response (``app.llm.openai_client``), whose body ``chunks`` then reads directly."""
 
 
-async def _lines(response: Any) -> AsyncIterator[str]:
-    pending = ""
-    async for text in response.aiter_text():
-        *lines, pending = _LINE_END.split(pending + text)
-        for line in lines:
-            yield line
+async def _lines(response: Any) -> AsyncIterator[bytes]:
+    """The body's lines. From aiohttp's own buffer when the transport left it (``RAW_BODY``) and
+    the body is not compressed: the per-token path of a worker (bench/RESULTS.md), where httpx's
+    five layers of iterators and its text decoder cost more than the rest of the read; else from
+    httpx, which undoes any content coding."""
+    pending = b""
+    raw = getattr(response, "extensions", {}).get(RAW_BODY)
+    if raw is not None and response.headers.get("content-encoding", "identity").lower() == "identity":
+        with map_aiohttp_exceptions():  # the errors httpx's read would raise (ReadError, ReadTimeout)
+            async for data in raw.content.iter_any():
+                *lines, pending = _LINE_END.split(pending + data if pending else data)
+                for line in lines:
+                    yield line
+    else:
+        async for data in response.aiter_bytes():
+            *lines, pending = _LINE_END.split(pending + data if pending else data)
+            for line in lines:
+                yield line
     if pending:
         yield pending
 
@@ -120,30 +138,40 @@ class StreamReader:
 
 async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:
     """The JSON chunks of an SSE body; see the module docstring. The body is read to its end (past
-    ``[DONE]``) so that the connection goes back to the pool."""
-    event = ""
+    ``[DONE]``) so that the connection goes back to the pool. Event streams are UTF-8 whatever the
+    headers say (the HTML standard's "Server-sent events"); a byte that is not gives U+FFFD."""
+    event = b""
     async for line in _lines(response):
-        if not line:
-            event = ""  # a blank line ends an SSE event
-            continue
-        if line.startswith("event:"):
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if not data:
+                continue
+            if data == b"[DONE]":
+                reader.saw_done = True
+                continue
+            if reader.saw_done:
+                continue  # read to the end for the connection's sake, but nothing counts after [DONE]
+            if event == b"error":
+                raise reported_error(_json_or_text(_text(data)))
+            yield _loads(data)
+        elif not line:
+            event = b""  # a blank line ends an SSE event
+        elif line.startswith(b"event:"):
             event = line[6:].strip()
-            continue
-        if line.startswith("error:"):  # llama.cpp's server: "error: {json}"
-            raise reported_error(_json_or_text(line[6:].strip()))
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if not data:
-            continue
-        if data == "[DONE]":
-            reader.saw_done = True
-            continue
-        if reader.saw_done:
-            continue  # read to the end for the connection's sake, but nothing counts after [DONE]
-        if event == "error":
-            raise reported_error(_json_or_text(data))
-        yield orjson.loads(data)
+        elif line.startswith(b"error:"):  # llama.cpp's server: "error: {json}"
+            raise reported_error(_json_or_text(_text(line[6:])))
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace").strip()
+
+
+def _loads(data: bytes) -> object:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        # Not UTF-8, or padded with whitespace that is not ASCII: as the text a decoder would give.
+        return orjson.loads(_text(data))
 
 
 def _json_or_text(data: str) -> object:

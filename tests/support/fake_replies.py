@@ -251,13 +251,19 @@ class FakeReply:
 
     @classmethod
     def malformed(
-        cls, raw_bytes: bytes, *, status: int = 200, content_type: str = "application/json"
+        cls,
+        raw_bytes: bytes,
+        *,
+        status: int = 200,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
     ) -> FakeReply:
-        """A body that is not what a client expects (by default labelled as JSON)."""
+        """A body that is not what a client expects (by default labelled as JSON), or any body
+        with any ``headers`` (a stream sent whole, with a content coding)."""
         reply = cls("malformed")
         reply.raw = raw_bytes
         reply.status = status
-        reply.headers = {"content-type": content_type}
+        reply.headers = {"content-type": content_type, **(headers or {})}
         return reply
 
     @classmethod
@@ -274,7 +280,8 @@ class FakeReply:
             return self._render_error()
         if self.kind == "malformed":
             ctype = self.headers.get("content-type", "application/json")
-            return HttpResponse(self.status, self.raw, content_type=ctype)
+            extra = {k: v for k, v in self.headers.items() if k != "content-type"}
+            return HttpResponse(self.status, self.raw, content_type=ctype, headers=extra)
         if self.kind == "no_choices":
             return HttpResponse(200, orjson.dumps(self._completion(model, request, choices=[])))
         if streaming and self.kind in ("text", "tool_calls", "stream"):

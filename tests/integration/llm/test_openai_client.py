@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import random
 import subprocess
@@ -15,6 +16,7 @@ from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -29,6 +31,7 @@ from app.llm.base import (
     TokenUsage,
 )
 from app.llm.openai_client import BACKOFF_BASE_S, RETRY_AFTER_MAX_S, OpenAICompatibleLLM
+from app.llm.stream_read import RAW_BODY, StreamReader, chunks
 from tests.integration.llm.provider_wire import RecordingSleep
 from tests.support.fake_agents import EchoAgentBehaviour, ToolAgentBehaviour, answer_tokens, iter_stream_text
 from tests.support.fake_openai import FakeOpenAIServer, FakeReply
@@ -455,6 +458,59 @@ async def test_stream_with_a_malformed_chunk_is_a_response_error(
 
     with pytest.raises(LLMResponseError):
         await collect(make_llm().stream_chat(QUESTION))
+
+
+async def test_the_default_client_reads_a_stream_straight_from_aiohttp(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    # The per-token path (bench/RESULTS.md): the transport leaves the aiohttp response for
+    # stream_read to read the body from. If httpx_aiohttp stops exposing it, this says so.
+    server.script(FakeReply.stream(["a", "b"]))
+    llm = make_llm()
+
+    stream = await llm._client.chat.completions.create(model="test-model", messages=[], stream=True)
+    async with stream:
+        assert isinstance(stream.response.extensions.get(RAW_BODY), aiohttp.ClientResponse)
+        reader = StreamReader(llm.profile)
+        texts = [reader.feed(chunk) async for chunk in chunks(stream.response, reader)]
+
+    assert "".join(texts) == "ab"
+    assert reader.saw_done
+
+
+async def test_a_compressed_stream_is_read_through_its_content_coding(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    frames = b"".join(
+        b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        for chunk in (
+            {"choices": [{"index": 0, "delta": {"content": "zipped "}}]},
+            {"choices": [{"index": 0, "delta": {"content": "answer"}, "finish_reason": "stop"}]},
+        )
+    )
+    server.script(
+        FakeReply.malformed(
+            gzip.compress(frames + b"data: [DONE]\n\n"),
+            content_type="text/event-stream",
+            headers={"content-encoding": "gzip"},
+        )
+    )
+
+    items = await collect(make_llm().stream_chat(QUESTION))
+
+    assert "".join(i.text for i in items if isinstance(i, TextDelta)) == "zipped answer"
+
+
+async def test_a_token_far_longer_than_aiohttps_line_limit_arrives_whole(
+    server: FakeOpenAIServer, make_llm: Any
+) -> None:
+    # aiohttp's readline refuses lines over 128 KiB; a provider may send a whole answer in one chunk.
+    long = "x" * 300_000
+    server.script(FakeReply.stream(["a", long, "b"]))
+
+    items = await collect(make_llm().stream_chat(QUESTION))
+
+    assert [i.text for i in items if isinstance(i, TextDelta)] == ["a", long, "b"]
 
 
 # -- lifecycle -------------------------------------------------------------------------------

@@ -256,13 +256,13 @@ def test_a_keep_alive_chunk_without_choices_is_no_text() -> None:
 
 
 class FakeBody:
-    """What ``chunks`` reads of a response: its text, in the pieces the network delivered."""
+    """What ``chunks`` reads of a response: its bytes, in the pieces the network delivered."""
 
-    def __init__(self, *pieces: str) -> None:
-        self.pieces = pieces
+    def __init__(self, *pieces: str | bytes) -> None:
+        self.pieces = [piece.encode() if isinstance(piece, str) else piece for piece in pieces]
         self.read_to_end = False
 
-    async def aiter_text(self) -> AsyncIterator[str]:
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
         for piece in self.pieces:
             yield piece
         self.read_to_end = True
@@ -306,6 +306,17 @@ async def test_a_line_separator_inside_a_json_string_does_not_cut_the_chunk() ->
     raw = '{"choices": [{"index": 0, "delta": {"content": "a\u2028b\u0085c"}}]}'
 
     assert await read(FakeBody(f"data: {raw}\n\n")) == [orjson.loads(raw)]
+
+
+async def test_a_character_cut_across_network_reads_is_whole() -> None:
+    whole = data(chunk({"content": "déjà 🙂"})).encode()
+    cut = whole.index("🙂".encode()) + 2
+
+    assert await read(FakeBody(whole[:cut], whole[cut:])) == [chunk({"content": "déjà 🙂"})]
+
+
+async def test_bytes_that_are_not_utf8_are_replaced_not_fatal() -> None:
+    assert await read(FakeBody(b'data: {"n": "a\xffb"}\n\n')) == [{"n": "a\ufffdb"}]
 
 
 async def test_comments_and_other_fields_are_ignored() -> None:
