@@ -8,6 +8,7 @@ even if Redis restarts empty.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -15,8 +16,13 @@ from typing import Protocol
 ZERO_CURSOR = "0-0"
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_cursor(cursor: str) -> tuple[int, int]:
-    """``"ms-seq"`` -> ``(ms, seq)``; raises ``ValueError`` on anything else."""
+    """``"ms-seq"`` -> ``(ms, seq)``; raises ``ValueError`` on anything else.
+
+    Remembers the last few thousand: on its way from the publisher to a client an event's id is
+    compared about nine times (the publisher, the bus's fan-out, each follower, the resume), and
+    parsing it anew each time was the largest single cost of the delivery path (bench/NOTES.md)."""
     ms, sep, seq = cursor.partition("-")
     if not sep or not ms.isdigit() or not seq.isdigit() or len(ms) > 20 or len(seq) > 20:
         raise ValueError(f"invalid cursor {cursor!r}")

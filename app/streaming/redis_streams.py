@@ -212,13 +212,13 @@ class Subscription:
     """
 
     __slots__ = (
+        "_position_bulk",
         "conversation_id",
         "fed_until",
         "followers",
         "key",
         "key_bulk",
         "position",
-        "position_bulk",
         "position_key",
     )
 
@@ -233,10 +233,18 @@ class Subscription:
 
     def _move_to(self, position: str) -> None:
         # Id of the last entry handed to followers; a follower that joins now gets all after it.
-        # Kept parsed (to compare) and in RESP form (the single-node reader's XREAD) as well.
+        # Kept parsed (to compare) as well.
         self.position = position
         self.position_key = parse_cursor(position)
-        self.position_bulk = bulk(position)
+        self._position_bulk: bytes | None = None
+
+    @property
+    def position_bulk(self) -> bytes:
+        """``position`` in RESP form, for the single-node reader's ``XREAD`` (made when it reads:
+        not on every feed of a stream the reader leaves out)."""
+        if self._position_bulk is None:
+            self._position_bulk = bulk(self.position)
+        return self._position_bulk
 
     def deliver(self, events: list[StoredEvent], limit: int) -> None:
         if parse_cursor(events[0].id) <= self.position_key:

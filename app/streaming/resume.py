@@ -65,8 +65,12 @@ async def stream_events(
                     vouched = False  # for entries without `prev`: continuity checked once per follow
                     # follow() yields ids > `last`, increasing, each once: no need to compare here.
                     async for event in follow:
-                        if not vouched and not await _continues(
-                            bus, store, conversation_id, last, event, seam_wait_s
+                        # An entry naming the last event yielded continues it (the rule, checked
+                        # without parsing either).
+                        if (
+                            not vouched
+                            and event.prev != last
+                            and not await _continues(bus, store, conversation_id, last, event, seam_wait_s)
                         ):
                             from_store = True  # the database holds events the bus skipped
                             break
