@@ -140,8 +140,14 @@ class Stack:
         app_path: str | None = None,
         redis_url: str | None = None,
         factory: str = "app.main:create_app",
+        wrapper: Sequence[str] = (),
+        ready_timeout_s: float = 60.0,
     ) -> None:
         self.db = db
+        # A command worker 0 runs under, in the same process (bench/instructions.py: valgrind), and
+        # how long a worker may take to become ready (much longer under it).
+        self.wrapper = list(wrapper)
+        self.ready_timeout_s = ready_timeout_s
         # What the workers serve: the app, or (bench/capacity_bench.py's floor) another ASGI app
         # factory of this tree, importable from the repository root.
         self.factory = factory
@@ -224,7 +230,7 @@ class Stack:
         for i in range(self.n_workers):
             port = free_port()
             log = open(Path(self.tmp.name) / f"worker{i}.log", "wb")  # noqa: ASYNC230
-            spy: list[str] = []
+            spy: list[str] = list(self.wrapper) if i == 0 else []
             if self.profile and i == 0:
                 py_spy, out = self.profile
                 spy = [py_spy, "record", "-r", "100", "-f", "raw", "-o", out, "--gil", "--nonblocking", "--"]
@@ -256,10 +262,10 @@ class Stack:
             self.workers.append((proc, port))
             # One at a time: each worker migrates the shared database as it starts.
             await self._wait_healthy(port, proc)
-            self.pids.append(_only_child(proc.pid) if spy else proc.pid)
+            self.pids.append(_only_child(proc.pid) if self.profile and i == 0 else proc.pid)
 
     async def _wait_healthy(self, port: int, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"worker exited with {proc.returncode}; log in {self.tmp.name}")
@@ -273,7 +279,7 @@ class Stack:
             finally:
                 await conn.close()
             await asyncio.sleep(0.1)
-        raise RuntimeError("worker did not become ready in 60 s")
+        raise RuntimeError(f"worker did not become ready in {self.ready_timeout_s:.0f} s")
 
     def _redis_client(self) -> Any:
         if self.env_extra.get("REDIS_CLUSTER", "").lower() in ("1", "true", "yes"):

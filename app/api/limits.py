@@ -17,6 +17,7 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        chunked = False
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -26,6 +27,14 @@ class BodySizeLimit:
                 if too_big:
                     await self._reject(send)
                     return
+            elif name == b"transfer-encoding":
+                chunked = True
+        if not chunked:
+            # No body, or one of a declared length within the limit (the server reads no more than
+            # that): nothing to count, and the response's sends (every event of a stream) pass
+            # through no wrapper of ours.
+            await self.app(scope, receive, send)
+            return
         received = 0
         started = False
         rejected = False

@@ -49,16 +49,22 @@ async def _lines(response: Any) -> AsyncIterator[bytes]:
     if raw is not None and response.headers.get("content-encoding", "identity").lower() == "identity":
         with map_aiohttp_exceptions():  # the errors httpx's read would raise (ReadError, ReadTimeout)
             async for data in raw.content.iter_any():
-                *lines, pending = _LINE_END.split(pending + data if pending else data)
+                *lines, pending = _split(pending + data if pending else data)
                 for line in lines:
                     yield line
     else:
         async for data in response.aiter_bytes():
-            *lines, pending = _LINE_END.split(pending + data if pending else data)
+            *lines, pending = _split(pending + data if pending else data)
             for line in lines:
                 yield line
     if pending:
         yield pending
+
+
+def _split(data: bytes) -> list[bytes]:
+    """``data`` cut at its line ends, the last piece unfinished (``b""`` if it ended with one).
+    Without a CR, ``bytes.split`` (a scan in C), several times cheaper than the expression."""
+    return _LINE_END.split(data) if b"\r" in data else data.split(b"\n")
 
 
 @dataclass(slots=True)
