@@ -19,14 +19,15 @@ from app.db.repositories.rows import (
     _EVENTS_AFTER,
     _LAST_EVENT_ID,
     FINAL_STATUSES,
+    EventValues,
     _checkpoints,
     _delete_follow_ups,
     _event_cursor,
     _event_record,
-    _event_row,
     _holds,
-    _insert_events,
     _insert_for,
+    event_values,
+    insert_event_values,
 )
 from app.streaming.bus import StoredEvent
 from app.streaming.store import AttemptLostError, CheckpointRecord, Fence
@@ -86,7 +87,7 @@ GROUP_ROWS = 5000
 @dataclass(slots=True)
 class _PendingSave:
     conversation_id: str
-    rows: list[dict[str, Any]]
+    rows: list[EventValues]
     future: asyncio.Future[None]
     checkpoint_rows: list[dict[str, Any]] = field(default_factory=list)
     follow_ups_through: int | None = None
@@ -127,7 +128,7 @@ class EventRepo:
         """
         if not events and not checkpoints:
             return
-        rows = [_event_row(conversation_id, stored) for stored in events]
+        rows = [event_values(conversation_id, stored) for stored in events]
         now = utcnow()
         checkpoint_rows = [
             {
@@ -220,7 +221,7 @@ class EventRepo:
             rows = [row for pending in kept for row in pending.rows]
             checkpoint_rows = [row for pending in kept for row in pending.checkpoint_rows]
             if rows:
-                await _insert_events(session, rows)
+                await insert_event_values(session, rows)
             if checkpoint_rows:
                 # After the events they cover; a retried batch skips what its first try stored.
                 await session.execute(

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from sqlalchemy import Table, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.errors import ConversationNotFoundError, InvalidCursorError
@@ -430,6 +431,42 @@ def follow_up_messages(contents: Sequence[str]) -> list[ChatMessage]:
 def _insert_for(session: AsyncSession) -> Any:
     """The dialect's INSERT, which has ``on_conflict_do_nothing``."""
     return pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+
+
+EVENT_COLUMNS = ("conversation_id", "cursor_ms", "cursor_seq", "run_id", "id", "event", "data")
+"""The columns of an event row, in the order of ``event_values``."""
+EventValues = tuple[str, int, int, str, str, str, str]
+_EVENT_INSERTS: dict[str, str] = {}
+
+
+def event_values(conversation_id: str, stored: StoredEvent) -> EventValues:
+    """An event row as ``EVENT_COLUMNS``, for ``insert_event_values``."""
+    ms, seq = _event_cursor(stored.id)
+    return (conversation_id, ms, seq, stored.run_id, stored.id, stored.event, stored.data)
+
+
+def _event_insert_sql(dialect: Dialect) -> str:
+    """``INSERT INTO run_events ... ON CONFLICT DO NOTHING`` in ``dialect``'s own SQL and parameter
+    style, its parameters in the order of ``EVENT_COLUMNS``; compiled once per dialect."""
+    sql = _EVENT_INSERTS.get(dialect.name)
+    if sql is None:
+        insert_ = pg_insert if dialect.name == "postgresql" else sqlite_insert
+        compiled = (
+            insert_(_events).on_conflict_do_nothing().compile(dialect=dialect, column_keys=EVENT_COLUMNS)
+        )
+        if tuple(compiled.positiontup or ()) != EVENT_COLUMNS:
+            raise RuntimeError(f"unexpected parameters of the event insert: {compiled.positiontup}")
+        sql = _EVENT_INSERTS[dialect.name] = str(compiled)
+    return sql
+
+
+async def insert_event_values(session: AsyncSession, values: list[EventValues]) -> None:
+    """Insert event rows (``event_values``) in the caller's transaction, skipping ids already
+    stored: one ``executemany`` at the driver, for the event store's group commits. Through the
+    ORM's statement, SQLAlchemy built and checked every row's parameters in Python, for every
+    token of every run: 4 % of a streaming worker's instructions (bench/instructions.py)."""
+    connection = await session.connection()
+    await connection.exec_driver_sql(_event_insert_sql(connection.dialect), values)
 
 
 async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> int:
