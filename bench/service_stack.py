@@ -146,6 +146,8 @@ class Stack:
         self.db = db
         # A command worker 0 runs under, in the same process (bench/instructions.py: valgrind), and
         # how long a worker may take to become ready (much longer under it).
+        if wrapper and profile:
+            raise ValueError("worker 0 runs under py-spy or under a wrapper, not both")
         self.wrapper = list(wrapper)
         self.ready_timeout_s = ready_timeout_s
         # What the workers serve: the app, or (bench/capacity_bench.py's floor) another ASGI app

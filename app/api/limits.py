@@ -17,11 +17,12 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        chunked = False
+        declared = chunked = False
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     too_big = int(value) > self.max_bytes
+                    declared = True
                 except ValueError:
                     too_big = False
                 if too_big:
@@ -29,10 +30,11 @@ class BodySizeLimit:
                     return
             elif name == b"transfer-encoding":
                 chunked = True
-        if not chunked:
-            # No body, or one of a declared length within the limit (the server reads no more than
-            # that): nothing to count, and the response's sends (every event of a stream) pass
-            # through no wrapper of ours.
+        if not chunked and (declared or scope.get("http_version") in ("1.0", "1.1")):
+            # A body of a declared length within the limit (the server reads no more than that),
+            # or, in HTTP/1, none at all: nothing to count, and the response's sends (every event
+            # of a stream) pass through no wrapper of ours. (HTTP/2 frames a body without either
+            # header: counted.)
             await self.app(scope, receive, send)
             return
         received = 0

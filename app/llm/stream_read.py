@@ -44,16 +44,15 @@ async def _lines(response: Any) -> AsyncIterator[bytes]:
     the body is not compressed: the per-token path of a worker (bench/RESULTS.md), where httpx's
     five layers of iterators and its text decoder cost more than the rest of the read; else from
     httpx, which undoes any content coding."""
-    pending = b""
     raw = getattr(response, "extensions", {}).get(RAW_BODY)
     if raw is not None and response.headers.get("content-encoding", "identity").lower() == "identity":
-        with map_aiohttp_exceptions():  # the errors httpx's read would raise (ReadError, ReadTimeout)
-            async for data in raw.content.iter_any():
-                *lines, pending = _split(pending + data if pending else data)
-                for line in lines:
-                    yield line
+        body = raw.content.iter_any()
     else:
-        async for data in response.aiter_bytes():
+        body = response.aiter_bytes()
+    pending = b""
+    # The errors httpx's own read would raise (ReadError, ReadTimeout); others pass unchanged.
+    with map_aiohttp_exceptions():
+        async for data in body:
             *lines, pending = _split(pending + data if pending else data)
             for line in lines:
                 yield line
@@ -149,7 +148,7 @@ async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:
     event = b""
     async for line in _lines(response):
         if line.startswith(b"data:"):
-            data = line[5:].strip()
+            data = _stripped(line[5:])
             if not data:
                 continue
             if data == b"[DONE]":
@@ -163,9 +162,21 @@ async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:
         elif not line:
             event = b""  # a blank line ends an SSE event
         elif line.startswith(b"event:"):
-            event = line[6:].strip()
+            event = _stripped(line[6:])
         elif line.startswith(b"error:"):  # llama.cpp's server: "error: {json}"
             raise reported_error(_json_or_text(_text(line[6:])))
+
+
+_UNICODE_SPACE_ENDS = frozenset(range(0x1C, 0x20)) | frozenset(range(0x80, 0x100))
+
+
+def _stripped(field: bytes) -> bytes:
+    """``field`` without the whitespace at its ends, as ``str.strip`` has it (which strips more
+    than ``bytes.strip``: U+00A0, U+0085, ...). Decoded only when an end byte could be such."""
+    data = field.strip()
+    if data and (data[0] in _UNICODE_SPACE_ENDS or data[-1] in _UNICODE_SPACE_ENDS):
+        data = _text(data).encode()
+    return data
 
 
 def _text(data: bytes) -> str:
@@ -176,7 +187,7 @@ def _loads(data: bytes) -> object:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        # Not UTF-8, or padded with whitespace that is not ASCII: as the text a decoder would give.
+        # Not UTF-8: as the text a decoder would give (U+FFFD for what is not).
         return orjson.loads(_text(data))
 
 

@@ -436,7 +436,7 @@ def _insert_for(session: AsyncSession) -> Any:
 EVENT_COLUMNS = ("conversation_id", "cursor_ms", "cursor_seq", "run_id", "id", "event", "data")
 """The columns of an event row, in the order of ``event_values``."""
 EventValues = tuple[str, int, int, str, str, str, str]
-_EVENT_INSERTS: dict[str, str] = {}
+_EVENT_INSERTS: dict[tuple[str, str, str], str | None] = {}
 
 
 def event_values(conversation_id: str, stored: StoredEvent) -> EventValues:
@@ -445,19 +445,19 @@ def event_values(conversation_id: str, stored: StoredEvent) -> EventValues:
     return (conversation_id, ms, seq, stored.run_id, stored.id, stored.event, stored.data)
 
 
-def _event_insert_sql(dialect: Dialect) -> str:
-    """``INSERT INTO run_events ... ON CONFLICT DO NOTHING`` in ``dialect``'s own SQL and parameter
-    style, its parameters in the order of ``EVENT_COLUMNS``; compiled once per dialect."""
-    sql = _EVENT_INSERTS.get(dialect.name)
-    if sql is None:
+def _event_insert_sql(dialect: Dialect) -> str | None:
+    """``INSERT INTO run_events ... ON CONFLICT DO NOTHING`` in ``dialect``'s own SQL, its
+    parameters in the order of ``EVENT_COLUMNS``, compiled once per dialect and driver; None for
+    a driver whose parameters are named (psycopg's ``pyformat``), which gets the ORM's statement."""
+    key = (dialect.name, dialect.driver, dialect.paramstyle)
+    if key not in _EVENT_INSERTS:
         insert_ = pg_insert if dialect.name == "postgresql" else sqlite_insert
         compiled = (
             insert_(_events).on_conflict_do_nothing().compile(dialect=dialect, column_keys=EVENT_COLUMNS)
         )
-        if tuple(compiled.positiontup or ()) != EVENT_COLUMNS:
-            raise RuntimeError(f"unexpected parameters of the event insert: {compiled.positiontup}")
-        sql = _EVENT_INSERTS[dialect.name] = str(compiled)
-    return sql
+        positional = tuple(compiled.positiontup or ()) == EVENT_COLUMNS
+        _EVENT_INSERTS[key] = str(compiled) if positional else None
+    return _EVENT_INSERTS[key]
 
 
 async def insert_event_values(session: AsyncSession, values: list[EventValues]) -> None:
@@ -466,7 +466,11 @@ async def insert_event_values(session: AsyncSession, values: list[EventValues]) 
     ORM's statement, SQLAlchemy built and checked every row's parameters in Python, for every
     token of every run: 4 % of a streaming worker's instructions (bench/instructions.py)."""
     connection = await session.connection()
-    await connection.exec_driver_sql(_event_insert_sql(connection.dialect), values)
+    sql = _event_insert_sql(connection.dialect)
+    if sql is None:
+        await _insert_events(session, [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in values])
+    else:
+        await connection.exec_driver_sql(sql, values)
 
 
 async def _insert_events(session: AsyncSession, rows: list[dict[str, Any]]) -> int:

@@ -14,7 +14,7 @@ import pytest
 from app.llm.base import LLMResponseError, TokenUsage
 from app.llm.providers import PROFILES
 from app.llm.replies import ProviderReportedError
-from app.llm.stream_read import StreamReader, chunks
+from app.llm.stream_read import RAW_BODY, StreamReader, chunks
 
 GENERIC = PROFILES["openai-compatible"]
 OPENED = replace(GENERIC, opens_thinking=True)
@@ -256,16 +256,37 @@ def test_a_keep_alive_chunk_without_choices_is_no_text() -> None:
 
 
 class FakeBody:
-    """What ``chunks`` reads of a response: its bytes, in the pieces the network delivered."""
+    """What ``chunks`` reads of a response: its bytes, in the pieces the network delivered,
+    through httpx (``aiter_bytes``) or, when ``raw``, straight from the aiohttp response the
+    default transport leaves in ``extensions`` (``content.iter_any``)."""
+
+    raw = False
 
     def __init__(self, *pieces: str | bytes) -> None:
         self.pieces = [piece.encode() if isinstance(piece, str) else piece for piece in pieces]
         self.read_to_end = False
+        self.headers: dict[str, str] = {}
+        self.extensions = {RAW_BODY: self} if self.raw else {}
+        self.content = self
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        assert not self.raw, "read through httpx although the aiohttp response was there"
         for piece in self.pieces:
             yield piece
         self.read_to_end = True
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        assert self.raw
+        for piece in self.pieces:
+            yield piece
+        self.read_to_end = True
+
+
+@pytest.fixture(autouse=True, params=["httpx", "aiohttp"])
+def body_source(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of ``chunks`` reads its body both ways."""
+    monkeypatch.setattr(FakeBody, "raw", request.param == "aiohttp")
+    return str(request.param)
 
 
 async def read(body: FakeBody, reader: StreamReader | None = None) -> list[object]:
@@ -317,6 +338,14 @@ async def test_a_character_cut_across_network_reads_is_whole() -> None:
 
 async def test_bytes_that_are_not_utf8_are_replaced_not_fatal() -> None:
     assert await read(FakeBody(b'data: {"n": "a\xffb"}\n\n')) == [{"n": "a\ufffdb"}]
+
+
+async def test_a_data_line_padded_with_unicode_spaces_is_read_as_text_strips_it() -> None:
+    body = FakeBody('data:\u00a0{"n": 1}\u00a0\n\n', "data: \u00a0\n\n", "data: [DONE]\u0085\n\n")
+    reader = StreamReader(GENERIC)
+
+    assert await read(body, reader) == [{"n": 1}]
+    assert reader.saw_done
 
 
 async def test_comments_and_other_fields_are_ignored() -> None:
