@@ -402,19 +402,6 @@ def next_seq(records: Sequence[MessageRecord]) -> int:
     return records[-1].seq + 1 if records else 0
 
 
-def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
-    ms, seq = _event_cursor(stored.id)
-    return {
-        "conversation_id": conversation_id,
-        "cursor_ms": ms,
-        "cursor_seq": seq,
-        "run_id": stored.run_id,
-        "id": stored.id,
-        "event": stored.event,
-        "data": stored.data,
-    }
-
-
 async def _delete_follow_ups(session: AsyncSession, conversation_id: str, through: int) -> None:
     """Delete the follow-ups a run took (ids up to ``through``), in the caller's transaction: with
     the checkpoint, or the close, that records them taken."""
@@ -430,7 +417,11 @@ def follow_up_messages(contents: Sequence[str]) -> list[ChatMessage]:
 
 def _insert_for(session: AsyncSession) -> Any:
     """The dialect's INSERT, which has ``on_conflict_do_nothing``."""
-    return pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    return _dialect_insert(session.get_bind().dialect)
+
+
+def _dialect_insert(dialect: Dialect) -> Any:
+    return pg_insert if dialect.name == "postgresql" else sqlite_insert
 
 
 EVENT_COLUMNS = ("conversation_id", "cursor_ms", "cursor_seq", "run_id", "id", "event", "data")
@@ -445,16 +436,19 @@ def event_values(conversation_id: str, stored: StoredEvent) -> EventValues:
     return (conversation_id, ms, seq, stored.run_id, stored.id, stored.event, stored.data)
 
 
+def _event_row(conversation_id: str, stored: StoredEvent) -> dict[str, Any]:
+    """An event row as the ORM's statements take it (``_insert_events``)."""
+    return dict(zip(EVENT_COLUMNS, event_values(conversation_id, stored), strict=True))
+
+
 def _event_insert_sql(dialect: Dialect) -> str | None:
     """``INSERT INTO run_events ... ON CONFLICT DO NOTHING`` in ``dialect``'s own SQL, its
     parameters in the order of ``EVENT_COLUMNS``, compiled once per dialect and driver; None for
     a driver whose parameters are named (psycopg's ``pyformat``), which gets the ORM's statement."""
     key = (dialect.name, dialect.driver, dialect.paramstyle)
     if key not in _EVENT_INSERTS:
-        insert_ = pg_insert if dialect.name == "postgresql" else sqlite_insert
-        compiled = (
-            insert_(_events).on_conflict_do_nothing().compile(dialect=dialect, column_keys=EVENT_COLUMNS)
-        )
+        statement = _dialect_insert(dialect)(_events).on_conflict_do_nothing()
+        compiled = statement.compile(dialect=dialect, column_keys=EVENT_COLUMNS)
         positional = tuple(compiled.positiontup or ()) == EVENT_COLUMNS
         _EVENT_INSERTS[key] = str(compiled) if positional else None
     return _EVENT_INSERTS[key]
