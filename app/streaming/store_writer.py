@@ -63,6 +63,21 @@ def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
     return [replace(last, data=data, follow_ups_through=max(taken) if taken else None, full=full)]
 
 
+_PHASE = random.random()
+"""Where this process's save moments lie within the interval (a fraction of it): its runs' batches
+end together, other processes' (a shared SQLite file's one writer) at other moments."""
+
+
+def next_tick(now: float, interval_s: float) -> float:
+    """The first of the process's save moments after ``now``: one every ``interval_s`` on a grid that
+    every run of the process shares. A run's batch that waited from its own first event instead
+    would end at its own moment, and the event store's group commit (``EventRepo.save``) would get
+    the runs' saves one by one: at 80 streaming runs about 60 transactions a second where one grid
+    gives two (bench/NOTES.md)."""
+    offset = _PHASE * interval_s
+    return (math.floor((now - offset) / interval_s) + 1) * interval_s + offset
+
+
 CONFIRM_BACKOFF_S = 2.0
 """After a check of the attempt's hold that could not tell (the store did not answer), the bus goes
 on this long before the next check."""
@@ -71,7 +86,8 @@ on this long before the next check."""
 class StoreWriter:
     """Saves one run's events and checkpoints to ``store``, in order, in batches of up to
     ``batch``. Apart from the run's first events and unless ``urgent()`` says otherwise, it waits
-    ``interval_s`` between batches so that they can grow.
+    for the next of the process's save moments (``next_tick``, one every ``interval_s``) so that
+    they can grow.
 
     A batch is retried for ``retry_s``, and an error of ``permanent_errors`` is not retried at
     all. A batch still failing past ``retry_s`` is dropped and counted in ``dropped``, and later
@@ -296,10 +312,11 @@ class StoreWriter:
                 # Let a larger batch build up: database writes cost far more than Redis appends.
                 # Not for the run's first events: a reader whose cursor the bus does not hold
                 # waits for the database to reach the bus's first event (app.streaming.resume).
-                # flush() and done end the wait early.
+                # flush() and done end the wait early. Every run's wait ends on the process's
+                # grid (``next_tick``), so their saves commit together.
                 loop = asyncio.get_running_loop()
                 timer = self._timer = loop.create_future()
-                handle = loop.call_later(self._interval_s, _resolve, timer)
+                handle = loop.call_at(next_tick(loop.time(), self._interval_s), _resolve, timer)
                 try:
                     await timer
                 finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 import orjson
 import pytest
@@ -19,6 +20,7 @@ from app.engine.events import (
 from app.streaming.bus import StoredEvent, parse_cursor
 from app.streaming.publisher import MAX_DELTA_CHARS, RunPublisher
 from app.streaming.store import EventPersistError, PublisherClosedError
+from app.streaming.store_writer import next_tick
 from tests.unit.streaming.doubles import MemoryStore, ScriptedBus, wait_until
 
 CONV = "conv_1"
@@ -449,3 +451,48 @@ async def test_discard_drops_what_is_queued_and_sends_nothing_more() -> None:
     assert all(orjson.loads(e.data).get("iteration") == 1 for e in store.all(CONV))
     with pytest.raises(PublisherClosedError):
         await pub.publish(ThinkingStarted(iteration=3))
+
+
+def test_save_moments_are_one_grid_for_the_process() -> None:
+    for now in (0.0, 12.3456, 1e6 + 0.1):
+        tick = next_tick(now, 0.5)
+        assert now < tick <= now + 0.5
+        assert next_tick(tick - 0.499, 0.5) == pytest.approx(tick)  # any moment before: the same tick
+        assert next_tick(tick, 0.5) == pytest.approx(tick + 0.5)  # strictly after
+
+
+async def test_the_runs_later_batches_are_saved_together_on_the_process_grid() -> None:
+    """Each run's first events are saved at once; later ones wait for the process's next save
+    moment, the same for every run however their events are spread, so that the event store's
+    group commit takes them in one transaction."""
+    loop = asyncio.get_running_loop()
+    saved_at: list[tuple[str, float]] = []
+
+    class TimedStore(MemoryStore):
+        async def save(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+            saved_at.append((conversation_id, loop.time()))
+            await super().save(conversation_id, events)
+
+    bus, store = ScriptedBus(), TimedStore()
+    pubs = [
+        RunPublisher(bus, store, f"conv_{i}", f"run_{i}", last_id=None, store_interval_ms=200)  # type: ignore[arg-type]
+        for i in range(3)
+    ]
+    for pub in pubs:
+        await pub.publish(ThinkingStarted(iteration=1))
+    await wait_until(lambda: len(saved_at) == 3)
+    for pub in pubs:
+        # Spread in time: each run's wait begins at its own moment.
+        await asyncio.sleep(0.040)
+        await pub.publish(ThinkingStarted(iteration=2))
+    await wait_until(lambda: len(saved_at) == 6)
+    later = [at for _, at in saved_at[3:]]
+    # Each at one of the process's save moments (the tick at or just before it), not 200 ms after
+    # its own events; one moment for all of them, or two when one fell inside the 80 ms spread.
+    ticks = [next_tick(at - 0.100, 0.200) for at in later]
+    assert all(-0.001 < at - tick < 0.015 for at, tick in zip(later, ticks, strict=True)), (later, ticks)
+    assert len({round(tick, 6) for tick in ticks}) <= 2
+    assert sorted(conv for conv, _ in saved_at[3:]) == ["conv_0", "conv_1", "conv_2"]
+    for i, pub in enumerate(pubs):
+        await pub.close()
+        assert len(store.all(f"conv_{i}")) == 2
