@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -63,9 +64,11 @@ def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
     return [replace(last, data=data, follow_ups_through=max(taken) if taken else None, full=full)]
 
 
-_PHASE = random.random()
-"""Where this process's save moments lie within the interval (a fraction of it): its runs' batches
-end together, other processes' (a shared SQLite file's one writer) at other moments."""
+def _phase() -> float:
+    """Where this process's save moments lie within the interval (a fraction of it): its runs'
+    batches end together, other processes' (a shared SQLite file's one writer) at other moments.
+    From the process id, so that workers forked from one parent differ too."""
+    return (os.getpid() * 0.6180339887498949) % 1.0
 
 
 def next_tick(now: float, interval_s: float) -> float:
@@ -74,7 +77,7 @@ def next_tick(now: float, interval_s: float) -> float:
     would end at its own moment, and the event store's group commit (``EventRepo.save``) would get
     the runs' saves one by one: at 80 streaming runs about 60 transactions a second where one grid
     gives two (bench/NOTES.md)."""
-    offset = _PHASE * interval_s
+    offset = _phase() * interval_s
     return (math.floor((now - offset) / interval_s) + 1) * interval_s + offset
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Sequence
 
 import orjson
@@ -459,6 +460,15 @@ def test_save_moments_are_one_grid_for_the_process() -> None:
         assert now < tick <= now + 0.5
         assert next_tick(tick - 0.499, 0.5) == pytest.approx(tick)  # any moment before: the same tick
         assert next_tick(tick, 0.5) == pytest.approx(tick + 0.5)  # strictly after
+
+
+def test_each_process_has_save_moments_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers (forked from one parent, too) do not all write at once to a shared SQLite file."""
+    ticks = set()
+    for pid in (4000, 4001, 4002):
+        monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+        ticks.add(round(next_tick(0.0, 1.0), 6))
+    assert len(ticks) == 3
 
 
 async def test_the_runs_later_batches_are_saved_together_on_the_process_grid() -> None:
