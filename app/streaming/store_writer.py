@@ -64,11 +64,18 @@ def _merged(checkpoints: list[CheckpointRecord]) -> list[CheckpointRecord]:
     return [replace(last, data=data, follow_ups_through=max(taken) if taken else None, full=full)]
 
 
-def _phase() -> float:
-    """Where this process's save moments lie within the interval (a fraction of it): its runs'
-    batches end together, other processes' (a shared SQLite file's one writer) at other moments.
-    From the process id, so that workers forked from one parent differ too."""
-    return (os.getpid() * 0.6180339887498949) % 1.0
+_phase = random.random()
+"""Where this process's save moments lie within the interval (a fraction of it): its runs' batches
+end together, other processes' (a shared SQLite file's one writer) at other moments. Drawn again in
+a forked child, which would otherwise share its parent's."""
+
+
+def _draw_phase() -> None:
+    global _phase
+    _phase = random.random()
+
+
+os.register_at_fork(after_in_child=_draw_phase)
 
 
 def next_tick(now: float, interval_s: float) -> float:
@@ -77,7 +84,7 @@ def next_tick(now: float, interval_s: float) -> float:
     would end at its own moment, and the event store's group commit (``EventRepo.save``) would get
     the runs' saves one by one: at 80 streaming runs about 60 transactions a second where one grid
     gives two (bench/NOTES.md)."""
-    offset = _phase() * interval_s
+    offset = _phase * interval_s
     return (math.floor((now - offset) / interval_s) + 1) * interval_s + offset
 
 
