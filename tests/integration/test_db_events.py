@@ -206,6 +206,26 @@ async def test_a_deleted_conversation_fails_only_its_own_save_in_a_group(
         assert [e.id for e in await events.read_after(c.id, ZERO_CURSOR)] == ["7-0"]
 
 
+async def test_a_deleted_conversation_in_a_large_group_costs_a_few_transactions(
+    database: Database, events: EventRepo
+) -> None:
+    repo = ConversationRepo(database.sessionmaker)
+    convs = [await repo.create("alice", f"c{i}", {}) for i in range(40)]
+    first = asyncio.create_task(events.save(convs[0].id, [event("7-0")]))
+    await asyncio.sleep(0)  # its write is under way: the saves below queue behind it, as one group
+    saves = [events.save(c.id, [event("7-0")]) for c in convs[1:]]
+    saves.insert(17, events.save("conv_gone", [event("7-0")]))
+    commits = count_commits(database)
+
+    outcomes = await asyncio.gather(first, *saves, return_exceptions=True)
+
+    assert isinstance(outcomes[18], ConversationNotFoundError)
+    assert [o for i, o in enumerate(outcomes) if i != 18] == [None] * 40
+    for c in convs:
+        assert [e.id for e in await events.read_after(c.id, ZERO_CURSOR)] == ["7-0"]
+    assert commits[0] <= 12  # halves: about two a level; one save at a time was one commit each (40)
+
+
 async def test_a_caller_that_stops_waiting_does_not_stop_the_write(
     database: Database, events: EventRepo, conv: ConversationRecord
 ) -> None:

@@ -188,13 +188,16 @@ class EventRepo:
         try:
             lost = await self._insert(batch)
         except IntegrityError:
-            # Conflicts are skipped, so only the foreign key can fail: a conversation is gone.
-            # Each on its own, to tell whose.
+            # Conflicts are skipped, so only the foreign key can fail: a conversation is gone. Each
+            # half again, to tell whose: a group is every run's saves of a moment (hundreds of
+            # them, ``StoreWriter``'s save grid), and one gone conversation costs a few
+            # transactions, not one per save.
             if len(batch) == 1:
                 _settle(batch[0].future, ConversationNotFoundError(batch[0].conversation_id))
                 return
-            for pending in batch:
-                await self._write([pending])
+            half = len(batch) // 2
+            await self._write(batch[:half])
+            await self._write(batch[half:])
             return
         except Exception as exc:
             for pending in batch:
