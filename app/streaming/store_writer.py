@@ -82,8 +82,8 @@ def next_tick(now: float, interval_s: float) -> float:
     """The first of the process's save moments after ``now``: one every ``interval_s`` on a grid that
     every run of the process shares. A run's batch that waited from its own first event instead
     would end at its own moment, and the event store's group commit (``EventRepo.save``) would get
-    the runs' saves one by one: at 80 streaming runs about 60 transactions a second where one grid
-    gives two (bench/NOTES.md)."""
+    the runs' saves one by one: at 40 streaming runs about 55 event-save transactions a second,
+    where the grid leaves about 7, the runs' first and urgent saves (bench/NOTES.md)."""
     offset = _phase * interval_s
     return (math.floor((now - offset) / interval_s) + 1) * interval_s + offset
 
