@@ -15,6 +15,12 @@ default) so that it keeps up and every token stays an event of its own, as at 50
 
 ``python -m bench.instructions [--app-path TREE] [--db sqlite|postgres] [--runs 8] [--tokens 100]``
 
+``--floor`` counts the knee's floor instead (``bench/peers/bare_relay.py``, the same client, fake LLM
+and tokens): the ratio of the two counts is the knee's CPU-per-token ratio without the machine's
+noise (bench/NOTES.md, fifth session). ``--split 400`` measures runs of a second length too and splits
+the count into a run's fixed part and each token's marginal part. ``--ablate store,redis`` takes
+guarantees out of the worker to see what they cost (``bench/ablate/sitecustomize.py``).
+
 ``--app-path`` measures the app of another tree (a ``git worktree`` of an earlier commit) with this
 very script: A/B of one change, within a few tenths of a percent between repeats.
 """
@@ -34,9 +40,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.capacity_bench import FLOOR
 from bench.capacity_client import Level, agentstream_run
 from bench.fakellm import timed_args
-from bench.service_stack import Stack
+from bench.service_stack import ROOT, Stack
 from bench.wire import Connection
 
 _TOTALS = re.compile(r"^(?:summary|totals):\s*(\d+)", re.MULTILINE)
@@ -72,7 +79,15 @@ async def stream_runs(port: int, level: Level, runs: int, concurrency: int) -> N
     await asyncio.gather(*(user() for _ in range(concurrency)))
 
 
-async def measure(args: argparse.Namespace) -> dict[str, Any]:
+def ablate_env(names: str) -> dict[str, str]:
+    """The workers' environment for ``--ablate`` (``bench/ablate/sitecustomize.py``)."""
+    if not names:
+        return {}
+    search = [str(ROOT / "bench" / "ablate"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(search), "BENCH_ABLATE": names}
+
+
+async def measure(args: argparse.Namespace, tokens_per_run: int) -> dict[str, Any]:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     out_dir = Path(tempfile.mkdtemp(prefix="agentstream-callgrind-"))
@@ -83,20 +98,21 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         f"--callgrind-out-file={out_dir}/callgrind.out.%p",
     ]
     async with Stack(
-        timed_args(args.k, args.tokens, args.delay_s, "calculator"),
+        timed_args(args.k, tokens_per_run, args.delay_s, "calculator"),
         workers=1,
         db=args.db,
         app_path=args.app_path or None,
+        factory=FLOOR if args.floor else "app.main:create_app",
         wrapper=wrapper,
         ready_timeout_s=900,
-        env={"MAX_ACTIVE_RUNS": "1000", "STREAM_RETENTION_S": "120"},
+        env={"MAX_ACTIVE_RUNS": "1000", "STREAM_RETENTION_S": "120", **ablate_env(args.ablate)},
     ) as stack:
         port = stack.workers[0][1]
         pid = stack.pids[0]
-        warm = Level(args.concurrency, args.tokens, 1 / args.delay_s, 0, 0, 0)
+        warm = Level(args.concurrency, tokens_per_run, 1 / args.delay_s, 0, 0, 0)
         await stream_runs(port, warm, args.warmup, args.concurrency)
         await asyncio.to_thread(callgrind, ["--instr=on", str(pid)])
-        level = Level(args.concurrency, args.tokens, 1 / args.delay_s, 0, 0, 0)
+        level = Level(args.concurrency, tokens_per_run, 1 / args.delay_s, 0, 0, 0)
         started = time.monotonic()
         await stream_runs(port, level, args.runs, args.concurrency)
         elapsed = time.monotonic() - started
@@ -110,13 +126,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(out_dir, ignore_errors=True)
     if level.runs_good != args.runs or warm.runs_good != args.warmup:
         raise SystemExit(f"runs failed: {level.problems} {level.examples}")
-    tokens = args.runs * args.tokens
+    tokens = args.runs * tokens_per_run
     return {
         "scenario": "instructions",
+        "subject": "floor" if args.floor else "agentstream",
+        "ablated": args.ablate.split(",") if args.ablate else [],
         "app": app_file,
         "database": args.db,
         "runs": args.runs,
-        "tokens_per_run": args.tokens,
+        "tokens_per_run": tokens_per_run,
         "tool_calls_per_run": args.k,
         "concurrency": args.concurrency,
         "token_interval_s": args.delay_s,
@@ -127,11 +145,42 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_PER_POINT = (
+    "tokens_per_run",
+    "measured_s",
+    "instructions",
+    "instructions_per_token",
+    "instructions_per_run",
+)
+
+
+def split(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two counts of one subject at two run lengths as a run's fixed instructions (its requests,
+    database work, tool loop) and each token's marginal ones (the streaming path)."""
+    n_a, n_b = a["tokens_per_run"], b["tokens_per_run"]
+    if n_a == n_b:
+        raise SystemExit("--split needs a run length other than --tokens")
+    marginal = (b["instructions_per_run"] - a["instructions_per_run"]) / (n_b - n_a)
+    return {
+        **{k: v for k, v in a.items() if k not in _PER_POINT},
+        "points": [a, b],
+        "instructions_per_token_marginal": round(marginal),
+        "instructions_per_run_fixed": round(a["instructions_per_run"] - marginal * n_a),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--app-path", default="", help="the worker imports app/ from this tree")
+    parser.add_argument("--floor", action="store_true", help="count the floor (a bare relay) instead")
+    parser.add_argument(
+        "--ablate",
+        default="",
+        help="take guarantees out to see what they cost: store, redis or store,redis "
+        "(bench/ablate/sitecustomize.py; a difference, never a result of its own)",
+    )
     parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--runs", type=int, default=8, help="measured runs")
     parser.add_argument("--warmup", type=int, default=2, help="runs before counting starts")
@@ -140,8 +189,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--delay-s", type=float, default=0.1, help="between tokens")
     parser.add_argument("--concurrency", type=int, default=2, help="runs streaming at once")
     parser.add_argument("--out", default="", help="also write the JSON here")
+    parser.add_argument(
+        "--split",
+        type=int,
+        default=0,
+        help="measure runs of this many tokens too, and split the count into a run's fixed part "
+        "and each token's (two points of instructions = fixed + tokens x marginal)",
+    )
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args))
+    if args.floor and args.ablate:
+        parser.error("--ablate takes guarantees out of AgentStream; the floor has none")
+    result = asyncio.run(measure(args, args.tokens))
+    if args.split:
+        other = asyncio.run(measure(args, args.split))
+        result = split(result, other)
     text = json.dumps(result)
     print(text)
     if args.out:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+import os
 from pathlib import Path
+from types import ModuleType
 
-from bench.instructions import instructions
+import pytest
+
+from bench.instructions import ablate_env, instructions, split
 
 DUMP = """# callgrind format
 version: 1
@@ -29,3 +35,58 @@ def test_the_counts_of_every_dump_are_added(tmp_path: Path) -> None:
 
 def test_no_dump_is_no_count(tmp_path: Path) -> None:
     assert instructions(tmp_path) == 0
+
+
+def test_two_run_lengths_split_into_a_runs_fixed_part_and_each_tokens() -> None:
+    fixed, marginal = 40_000_000, 300_000
+    points = [
+        {"tokens_per_run": n, "instructions_per_run": fixed + marginal * n, "subject": "agentstream"}
+        for n in (100, 400)
+    ]
+
+    result = split(points[0], points[1])
+
+    assert result["instructions_per_token_marginal"] == marginal
+    assert result["instructions_per_run_fixed"] == fixed
+    assert result["subject"] == "agentstream"
+    assert "instructions_per_run" not in result  # a point's figure, not the subject's
+    with pytest.raises(SystemExit):
+        split(points[0], points[0])
+
+
+def _ablate_module() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "bench" / "ablate" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("bench_ablate_sitecustomize", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # no BENCH_ABLATE here: installs nothing
+    return module
+
+
+def test_the_ablations_take_out_the_store_and_redis_and_refuse_an_unknown_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.db.repositories.events import EventRepo
+
+    monkeypatch.delenv("BENCH_ABLATE", raising=False)
+    module = _ablate_module()
+    monkeypatch.setattr(EventRepo, "save", EventRepo.save)  # put back after the test
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    saved = EventRepo.save
+
+    with pytest.raises(SystemExit, match="cache"):
+        module._install(["cache"])
+    assert EventRepo.save is saved
+
+    module._install(["store", "redis"])
+
+    assert EventRepo.save is not saved
+    assert asyncio.run(EventRepo.save(object(), "c1", [])) is None  # type: ignore[arg-type]
+    assert "REDIS_URL" not in os.environ
+
+
+def test_the_workers_get_the_ablations_folder_and_names_only_when_asked() -> None:
+    assert ablate_env("") == {}
+    env = ablate_env("store,redis")
+    assert env["BENCH_ABLATE"] == "store,redis"
+    assert env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("bench", "ablate"))
