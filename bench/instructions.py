@@ -79,8 +79,14 @@ async def stream_runs(port: int, level: Level, runs: int, concurrency: int) -> N
     await asyncio.gather(*(user() for _ in range(concurrency)))
 
 
+ABLATIONS = ("store", "redis")
+"""What ``bench/ablate/sitecustomize.py`` can take out of a worker."""
+
+
 def ablate_env(names: str) -> dict[str, str]:
-    """The workers' environment for ``--ablate`` (``bench/ablate/sitecustomize.py``)."""
+    """The workers' environment for ``--ablate`` (``bench/ablate/sitecustomize.py``). Its folder goes
+    first on ``PYTHONPATH``: Python imports the first ``sitecustomize`` only, so another one on the
+    path (``bench/probe``'s) is not loaded with it."""
     if not names:
         return {}
     search = [str(ROOT / "bench" / "ablate"), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -131,11 +137,11 @@ async def measure(args: argparse.Namespace, tokens_per_run: int) -> dict[str, An
         "scenario": "instructions",
         "subject": "floor" if args.floor else "agentstream",
         "ablated": args.ablate.split(",") if args.ablate else [],
-        "app": app_file,
-        "database": args.db,
+        "app": None if args.floor else app_file,
+        "database": None if args.floor else args.db,
         "runs": args.runs,
         "tokens_per_run": tokens_per_run,
-        "tool_calls_per_run": args.k,
+        "tool_calls_per_run": 0 if args.floor else args.k,  # the relay offers the LLM no tools
         "concurrency": args.concurrency,
         "token_interval_s": args.delay_s,
         "measured_s": round(elapsed, 1),
@@ -156,7 +162,9 @@ _PER_POINT = (
 
 def split(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Two counts of one subject at two run lengths as a run's fixed instructions (its requests,
-    database work, tool loop) and each token's marginal ones (the streaming path)."""
+    database work, tool loop) and each token's marginal ones (the streaming path). Work that goes
+    with time rather than with runs (timers, lease renewals, background loops) grows with the run's
+    length and so lands in the marginal part."""
     n_a, n_b = a["tokens_per_run"], b["tokens_per_run"]
     if n_a == n_b:
         raise SystemExit("--split needs a run length other than --tokens")
@@ -199,6 +207,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.floor and args.ablate:
         parser.error("--ablate takes guarantees out of AgentStream; the floor has none")
+    unknown = set(filter(None, args.ablate.split(","))) - set(ABLATIONS)
+    if unknown:
+        parser.error(f"--ablate: unknown {sorted(unknown)}; known: {', '.join(ABLATIONS)}")
+    if args.split and args.split == args.tokens:
+        parser.error("--split needs a run length other than --tokens")
     result = asyncio.run(measure(args, args.tokens))
     if args.split:
         other = asyncio.run(measure(args, args.split))

@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from bench.instructions import ablate_env, instructions, split
+from app.streaming.bus import StoredEvent
+from bench.instructions import ablate_env, instructions, main, split
+
+ABLATE_DIR = Path(__file__).resolve().parents[2] / "bench" / "ablate"
 
 DUMP = """# callgrind format
 version: 1
@@ -55,7 +60,7 @@ def test_two_run_lengths_split_into_a_runs_fixed_part_and_each_tokens() -> None:
 
 
 def _ablate_module() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "ablate" / "sitecustomize.py"
+    path = ABLATE_DIR / "sitecustomize.py"
     spec = importlib.util.spec_from_file_location("bench_ablate_sitecustomize", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -81,7 +86,8 @@ def test_the_ablations_take_out_the_store_and_redis_and_refuse_an_unknown_one(
     module._install(["store", "redis"])
 
     assert EventRepo.save is not saved
-    assert asyncio.run(EventRepo.save(object(), "c1", [])) is None  # type: ignore[arg-type]
+    event = StoredEvent("1-0", "answer", "{}", "r1", None)
+    assert asyncio.run(EventRepo.save(object(), "c1", [event])) is None  # type: ignore[arg-type]
     assert "REDIS_URL" not in os.environ
 
 
@@ -90,3 +96,32 @@ def test_the_workers_get_the_ablations_folder_and_names_only_when_asked() -> Non
     env = ablate_env("store,redis")
     assert env["BENCH_ABLATE"] == "store,redis"
     assert env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("bench", "ablate"))
+
+
+@pytest.mark.parametrize(("names", "status"), [("cache", 3), ("store,redis", 0)])
+def test_a_uvicorn_process_that_cannot_take_out_what_it_was_asked_to_exits_at_once(
+    tmp_path: Path, names: str, status: int
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ABLATE_DIR), "BENCH_ABLATE": names}
+    done = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "--version"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == status, done.stderr
+    assert ("could not take out" in done.stderr) == (status != 0)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--floor", "--ablate", "store"], ["--ablate", "store,cache"], ["--tokens", "100", "--split", "100"]],
+)
+def test_flags_that_cannot_measure_anything_are_refused_before_measuring(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(argv)  # would start a worker under valgrind if it got that far
+
+    assert refused.value.code == 2
