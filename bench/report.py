@@ -19,7 +19,7 @@ from pathlib import Path
 if not __package__:  # run by path (bench/run: `bench/report.py`): the package from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.report_capacity import capacity_section, capacity_targets
+from bench.report_capacity import INSTRUCTION_SUBJECTS, capacity_section, capacity_targets
 from bench.report_common import fmt, fold_summary, inproc, latency_row, load, machine, plot, verdict
 from bench.report_durable import durable_section, durable_targets
 from bench.report_faces import faces_section, faces_targets
@@ -131,6 +131,7 @@ def main() -> None:
     c_knee = load(out, "capacity_knee.json")
     c_burst = load(out, "capacity_burst.json")
     c_cluster = load(out, "capacity_cluster.json")
+    c_instr = {key: load(out, f"capacity_instructions_{key}.json") for key in INSTRUCTION_SUBJECTS}
     faces = load(out, "faces.json")
 
     def ratio(a: dict | None, b: dict | None, key: str) -> float | None:
@@ -230,7 +231,7 @@ def main() -> None:
     ]
 
     targets += durable_targets(d_cost, d_resume)
-    targets += capacity_targets(c_knee, c_burst, c_cluster)
+    targets += capacity_targets(c_knee, c_burst, c_cluster, c_instr)
     targets += faces_targets(faces)
 
     table = ["| # | target | measured | |", "|---|---|---|---|"]
@@ -441,7 +442,7 @@ def main() -> None:
         md.append("")
 
     md.extend(durable_section(d_cost, d_resume))
-    md.extend(capacity_section(c_knee, c_burst, c_cluster))
+    md.extend(capacity_section(c_knee, c_burst, c_cluster, c_instr))
     md.extend(faces_section(faces))
 
     md.append("## Optimisations made for these targets\n")

@@ -1,7 +1,8 @@
 """The "Capacity (issues 17, 29)" part of bench/RESULTS.md: its rows of the target table and its
 section, from ``capacity_bench knee`` (with the floor, issue 29), ``burst`` and
 ``cluster-throughput`` (bench/out/capacity_knee.json, capacity_burst.json and
-capacity_cluster.json). Used by bench/report.py.
+capacity_cluster.json), and ``bench/instructions.py --split`` of the floor and of a worker
+(capacity_instructions_<subject>.json). Used by bench/report.py.
 
 Every figure is read with ``.get``: a ``--quick`` run, a subject that did not run (``not_run``) or a
 file that says ``error`` gives "n/a" or the reason, never an exception.
@@ -113,6 +114,66 @@ def _floor_rows(knee: dict) -> list[Row]:
     return rows
 
 
+INSTRUCTION_SUBJECTS = {
+    "floor": "the floor (the bare relay)",
+    "one": "AgentStream, 1 worker, SQLite",
+    "ablated": "AgentStream, no event store, no Redis (`--ablate store,redis`: a difference, not a result)",
+}
+"""bench/out/capacity_instructions_<key>.json: ``bench/instructions.py --split`` of each subject."""
+
+
+def _per_token_at(result: dict | None, tokens: int) -> float | None:
+    """Instructions per token of runs of ``tokens`` tokens, from a ``--split`` result."""
+    if not result or result.get("error") or result.get("instructions_per_token_marginal") is None:
+        return None
+    return result["instructions_per_token_marginal"] + result["instructions_per_run_fixed"] / tokens
+
+
+def _run_length(knee: dict | None) -> int:
+    return int((knee or {}).get("tokens_per_run") or 500)
+
+
+def _instructions_row(knee: dict | None, instructions: dict[str, dict | None]) -> Row:
+    tokens = _run_length(knee)
+    one, floor = (_per_token_at(instructions.get(k), tokens) for k in ("one", "floor"))
+    text = (
+        f"{fmt(one / floor, 'x', 2)} ({fmt(one / 1000, ' k', 0)} / {fmt(floor / 1000, ' k', 0)})"
+        if one is not None and floor
+        else "n/a (bench/out/capacity_instructions_*.json missing or failed)"
+    )
+    target = f"worker instructions per streamed token (SQLite) / the floor's, {tokens}-token runs (callgrind)"
+    return ("C", target, text, None)
+
+
+def _instructions_part(knee: dict | None, instructions: dict[str, dict | None]) -> list[str]:
+    """The instruction counts against the floor: the knee's CPU ratio without the machine's noise."""
+    tokens = _run_length(knee)
+    floor = _per_token_at(instructions.get("floor"), tokens)
+    md = [
+        "Instructions against the floor (`bench/instructions.py --tokens 100 --split 400 --concurrency 8 "
+        "--delay-s 0.05`, each subject under callgrind: 8 runs at two lengths, split into a run's fixed "
+        f"count and each token's marginal one; per token at the knee's {tokens}-token runs = marginal + "
+        f"fixed / {tokens}).\n",
+        f"| subject | per token, marginal | per run, fixed | per token, {tokens}-token runs | / floor's |",
+        "|---|---|---|---|---|",
+    ]
+    for key, name in INSTRUCTION_SUBJECTS.items():
+        got = instructions.get(key)
+        at = _per_token_at(got, tokens)
+        if at is None:
+            reason = (got or {}).get("error") or "did not run"
+            md.append(f"| {name} | n/a ({reason}) | | | |")
+            continue
+        assert got is not None
+        md.append(
+            f"| {name} | {fmt(got['instructions_per_token_marginal'] / 1000, ' k', 1)} | "
+            f"{fmt(got['instructions_per_run_fixed'] / 1e6, ' M', 1)} | {fmt(at / 1000, ' k', 1)} | "
+            f"{fmt(at / floor, 'x', 2) if floor else 'n/a'} |"
+        )
+    md.append("")
+    return md
+
+
 def _first_missed(subject: dict) -> int | None:
     levels = sorted(subject.get("levels") or [], key=lambda r: r.get("users", 0))
     return next((r.get("users") for r in levels if not r.get("ok")), None)
@@ -133,7 +194,12 @@ def _knee_measured(subject: dict | None) -> tuple[str, int | None, bool]:
     return text, knee, True
 
 
-def capacity_targets(knee: dict | None, burst: dict | None, cluster: dict | None) -> list[Row]:
+def capacity_targets(
+    knee: dict | None,
+    burst: dict | None,
+    cluster: dict | None,
+    instructions: dict[str, dict | None] | None = None,
+) -> list[Row]:
     """The capacity rows of the target table (``bench/capacity_bench.py``)."""
     rows: list[Row] = []
     why = _failed(knee, "knee")
@@ -152,6 +218,8 @@ def capacity_targets(knee: dict | None, burst: dict | None, cluster: dict | None
             else f"n/a (LangGraph: {_knee_measured(lg)[0]})"
         )
         rows.append(("C", "knee: one worker / LangGraph API server", text, None))
+    if instructions:
+        rows.append(_instructions_row(knee, instructions))
     why = _failed(burst, "burst")
     if why or burst is None:
         rows.append(("C", "burst", why or "", None))
@@ -424,7 +492,12 @@ def _cluster_part(cluster: dict | None) -> list[str]:
     return md
 
 
-def capacity_section(knee: dict | None, burst: dict | None, cluster: dict | None) -> list[str]:
+def capacity_section(
+    knee: dict | None,
+    burst: dict | None,
+    cluster: dict | None,
+    instructions: dict[str, dict | None] | None = None,
+) -> list[str]:
     """The "Capacity (issue 17)" section of RESULTS.md."""
     md: list[str] = ["## Capacity (issues 17, 29)\n"]
     md.append(
@@ -440,10 +513,11 @@ def capacity_section(knee: dict | None, burst: dict | None, cluster: dict | None
     md.append("| target | measured | |\n|---|---|---|")
     md.extend(
         f"| {t} | {m} | {verdict(ok) if ok is not None else 'reported'} |"
-        for _, t, m, ok in capacity_targets(knee, burst, cluster)
+        for _, t, m, ok in capacity_targets(knee, burst, cluster, instructions)
     )
     md.append("")
     md.extend(_knee_part(knee))
+    md.extend(_instructions_part(knee, instructions or {}))
     md.extend(_burst_part(burst))
     md.extend(_cluster_part(cluster))
     return md

@@ -1,0 +1,34 @@
+"""bench/report_capacity.py's instruction counts against the floor (bench/instructions.py --split)."""
+
+from __future__ import annotations
+
+from bench.report_capacity import INSTRUCTION_SUBJECTS, capacity_section, capacity_targets
+
+FLOOR = {"instructions_per_token_marginal": 100_000, "instructions_per_run_fixed": 5_000_000}
+ONE = {"instructions_per_token_marginal": 300_000, "instructions_per_run_fixed": 50_000_000}
+KNEE = {"tokens_per_run": 500, "subjects": []}
+
+
+def _row(rows: list[tuple[str, str, str, bool | None]]) -> tuple[str, str, str, bool | None]:
+    return next(r for r in rows if "instructions" in r[1])
+
+
+def test_the_ratio_is_per_token_at_the_knees_run_length_fixed_part_included() -> None:
+    # floor 100 k + 5 M / 500 = 110 k; AgentStream 300 k + 50 M / 500 = 400 k: 3.64x
+    row = _row(capacity_targets(KNEE, None, None, {"floor": FLOOR, "one": ONE, "ablated": None}))
+
+    assert row[2] == "3.64x (400 k / 110 k)"
+    assert "500-token runs" in row[1]
+    assert row[3] is None  # reported: issue 29's target is CPU time
+
+    section = "\n".join(capacity_section(KNEE, None, None, {"floor": FLOOR, "one": ONE, "ablated": None}))
+    assert "| 300.0 k | 50.0 M | 400.0 k | 3.64x |" in section
+    assert f"| {INSTRUCTION_SUBJECTS['ablated']} | n/a (did not run) |" in section
+
+
+def test_a_failed_or_missing_count_gives_no_ratio() -> None:
+    failed = {"error": "bench/instructions.py failed"}
+
+    for counts in ({"floor": FLOOR, "one": failed}, {"floor": None, "one": ONE}, {}):
+        row = _row(capacity_targets(KNEE, None, None, {"ablated": None, **counts}))
+        assert row[2].startswith("n/a")
