@@ -124,9 +124,12 @@ INSTRUCTION_SUBJECTS = {
 
 def _per_token_at(result: dict | None, tokens: int) -> float | None:
     """Instructions per token of runs of ``tokens`` tokens, from a ``--split`` result."""
-    if not result or result.get("error") or result.get("instructions_per_token_marginal") is None:
+    if not result or result.get("error"):
         return None
-    return result["instructions_per_token_marginal"] + result["instructions_per_run_fixed"] / tokens
+    marginal, fixed = result.get("instructions_per_token_marginal"), result.get("instructions_per_run_fixed")
+    if marginal is None or fixed is None:
+        return None
+    return float(marginal) + float(fixed) / tokens
 
 
 def _run_length(knee: dict | None) -> int:

@@ -6,7 +6,7 @@ from bench.report_capacity import INSTRUCTION_SUBJECTS, capacity_section, capaci
 
 FLOOR = {"instructions_per_token_marginal": 100_000, "instructions_per_run_fixed": 5_000_000}
 ONE = {"instructions_per_token_marginal": 300_000, "instructions_per_run_fixed": 50_000_000}
-KNEE = {"tokens_per_run": 500, "subjects": []}
+KNEE = {"tokens_per_run": 250, "subjects": []}  # not the 500 assumed when a knee does not say
 
 
 def _row(rows: list[tuple[str, str, str, bool | None]]) -> tuple[str, str, str, bool | None]:
@@ -14,21 +14,39 @@ def _row(rows: list[tuple[str, str, str, bool | None]]) -> tuple[str, str, str, 
 
 
 def test_the_ratio_is_per_token_at_the_knees_run_length_fixed_part_included() -> None:
-    # floor 100 k + 5 M / 500 = 110 k; AgentStream 300 k + 50 M / 500 = 400 k: 3.64x
+    # floor 100 k + 5 M / 250 = 120 k; AgentStream 300 k + 50 M / 250 = 500 k: 4.17x
     row = _row(capacity_targets(KNEE, None, None, {"floor": FLOOR, "one": ONE, "ablated": None}))
 
-    assert row[2] == "3.64x (400 k / 110 k)"
-    assert "500-token runs" in row[1]
+    assert row[2] == "4.17x (500 k / 120 k)"
+    assert "250-token runs" in row[1]
     assert row[3] is None  # reported: issue 29's target is CPU time
 
     section = "\n".join(capacity_section(KNEE, None, None, {"floor": FLOOR, "one": ONE, "ablated": None}))
-    assert "| 300.0 k | 50.0 M | 400.0 k | 3.64x |" in section
+    assert "| 300.0 k | 50.0 M | 500.0 k | 4.17x |" in section
     assert f"| {INSTRUCTION_SUBJECTS['ablated']} | n/a (did not run) |" in section
 
 
 def test_a_failed_or_missing_count_gives_no_ratio() -> None:
     failed = {"error": "bench/instructions.py failed"}
+    no_fixed = {"instructions_per_token_marginal": 300_000}
 
-    for counts in ({"floor": FLOOR, "one": failed}, {"floor": None, "one": ONE}, {}):
+    for counts in (
+        {"floor": FLOOR, "one": failed},
+        {"floor": failed, "one": ONE},
+        {"floor": FLOOR, "one": no_fixed},
+        {},
+    ):
         row = _row(capacity_targets(KNEE, None, None, {"ablated": None, **counts}))
         assert row[2].startswith("n/a")
+
+
+def test_the_section_says_why_a_count_is_missing() -> None:
+    failed = {"error": "bench/instructions.py failed (valgrind installed?)"}
+
+    section = "\n".join(capacity_section(KNEE, None, None, {"floor": failed, "one": ONE, "ablated": None}))
+
+    assert (
+        f"| {INSTRUCTION_SUBJECTS['floor']} | n/a (bench/instructions.py failed (valgrind installed?)) |"
+        in section
+    )
+    assert "| 300.0 k | 50.0 M | 500.0 k | n/a |" in section  # no floor, no ratio
