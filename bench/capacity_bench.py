@@ -150,6 +150,16 @@ def knee_of(levels: list[dict[str, Any]]) -> int | None:
 
 
 FLOOR = "bench.peers.bare_relay:create_app"
+GUARDED = "bench.peers.guarded_relay:create_app"
+PEERS = {
+    "floor": (FLOOR, "floor: a bare relay (bench/peers/bare_relay.py), 1 process", "no database, no Redis"),
+    "guarded": (
+        GUARDED,
+        "the floor with the guarantees kept (bench/peers/guarded_relay.py), 1 process",
+        "SQLite (aiosqlite, WAL) and Redis, written the cheapest way",
+    ),
+}
+"""The relays a knee can measure besides AgentStream: (app factory, subject, what they keep)."""
 
 KNEE_LEVELS = [50, 100, 120, 140, 160, 180, 200, 220, 240, 260, 300, 340, 380, 420, 500, 1000]
 """Users per level of the knee (the floor's steps go on past 300)."""
@@ -157,16 +167,18 @@ LANGGRAPH_LEVELS = [2, 4, 6, 8, 12, 16, 25, 50, 100, 200, 500, 1000]
 
 
 async def knee_workers(
-    args: argparse.Namespace, workers: int, db: str, floor: bool = False
+    args: argparse.Namespace, workers: int, db: str, peer: str | None = None
 ) -> dict[str, Any]:
     """One subject served by uvicorn worker processes: AgentStream's app (``workers`` of them, on
-    ``db``), or the floor (``bench/peers/bare_relay.py``: one process, no database, no Redis)."""
+    ``db``), or a relay of ``PEERS`` (one process): the floor (``bench/peers/bare_relay.py``: no
+    database, no Redis) or the guarded floor (``bench/peers/guarded_relay.py``)."""
+    relay = peer is not None
     env = {
         "MAX_ACTIVE_RUNS": str(args.max_active_runs),
         "STREAM_RETENTION_S": "120",
         "STREAM_LINGER_MS": str(args.linger_ms),
     }
-    probe = OUT_DIR / f"capacity_probe_{os.getpid()}.txt" if args.probe and not floor else None
+    probe = OUT_DIR / f"capacity_probe_{os.getpid()}.txt" if args.probe and not relay else None
     if probe is not None:
         OUT_DIR.mkdir(exist_ok=True)
         env |= probe_env(probe)
@@ -180,7 +192,7 @@ async def knee_workers(
             db=db,
             redis_url=redis.url,
             profile=profile,
-            factory=FLOOR if floor else "app.main:create_app",
+            factory=PEERS[peer][0] if peer is not None else "app.main:create_app",
             app_path=args.app_path or None,
         ) as stack:
             assert stack.fake is not None
@@ -206,16 +218,16 @@ async def knee_workers(
         cpu = sum(row.get(f"worker{i}_cpu_pct", 0.0) for i in range(workers))
         row["worker_cpu_us_per_token"] = 1e4 * cpu / row["tokens_per_s"] if row["tokens_per_s"] else None
     summary = _profile_summary(args.profile, levels) if profile else None
-    if floor:
-        subject = "floor: a bare relay (bench/peers/bare_relay.py), 1 process"
+    if peer is not None:
+        subject = PEERS[peer][1]
     else:
         subject = f"AgentStream, {workers} worker{'s' if workers > 1 else ''}, {DB_NAMES[db]}"
     return {
         "subject": subject,
-        "key": "floor" if floor else f"{'one' if workers == 1 else 'two'}{'-pg' if db == 'postgres' else ''}",
+        "key": peer or f"{'one' if workers == 1 else 'two'}{'-pg' if db == 'postgres' else ''}",
         "workers": workers,
-        "database": "no database, no Redis" if floor else database,
-        "env": {} if floor else env,
+        "database": PEERS[peer][2] if peer is not None else database,
+        "env": {} if relay else env,
         "pinning": _pinning_note(where, "worker"),
         "profile": args.profile if profile else None,
         "profile_summary": summary,
@@ -286,7 +298,8 @@ def _pinning_note(where: dict[str, set[int]] | None, subject: str) -> str:
 
 
 SUBJECTS = {
-    "floor": lambda args: knee_workers(args, 1, "sqlite", floor=True),
+    "floor": lambda args: knee_workers(args, 1, "sqlite", peer="floor"),
+    "guarded": lambda args: knee_workers(args, 1, "sqlite", peer="guarded"),
     "one": lambda args: knee_workers(args, 1, "sqlite"),
     "one-pg": lambda args: knee_workers(args, 1, "postgres"),
     "two": lambda args: knee_workers(args, 2, "sqlite"),
@@ -430,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="+",
         choices=list(SUBJECTS),
         default=["floor", "one", "one-pg", "two", "langgraph"],
-        help="floor: the bare relay; one, one-pg, two: AgentStream's workers on SQLite, PostgreSQL, SQLite",
+        help="floor: the bare relay; guarded: the floor with the guarantees kept (not in the default); "
+        "one, one-pg, two: AgentStream's workers on SQLite, PostgreSQL, SQLite",
     )
     k.add_argument(
         "--levels",

@@ -17,8 +17,11 @@ default) so that it keeps up and every token stays an event of its own, as at 50
 
 ``--floor`` counts the knee's floor instead (``bench/peers/bare_relay.py``, the same client, fake LLM
 and tokens): the ratio of the two counts is the knee's CPU-per-token ratio without the machine's
-noise (bench/NOTES.md, fifth session). ``--split 400`` measures runs of a second length too and splits
-the count into a run's fixed part and each token's marginal part. ``--ablate store,redis`` takes
+noise (bench/NOTES.md, fifth session). ``--guarded`` counts the floor with AgentStream's guarantees
+kept at their cheapest (``bench/peers/guarded_relay.py``: every event in Redis before its client gets
+it and in SQLite, the run's rows): between the two floors, what the guarantees cost at the least.
+``--split 400`` measures runs of a second length too and splits the count into a run's fixed part
+and each token's marginal part. ``--ablate store,redis`` takes
 guarantees out of the worker to see what they cost (``bench/ablate/sitecustomize.py``).
 
 ``--app-path`` measures the app of another tree (a ``git worktree`` of an earlier commit) with this
@@ -45,6 +48,9 @@ from bench.capacity_client import Level, agentstream_run
 from bench.fakellm import timed_args
 from bench.service_stack import ROOT, Stack
 from bench.wire import Connection
+
+GUARDED = "bench.peers.guarded_relay:create_app"
+"""The floor with the guarantees kept at their cheapest."""
 
 _TOTALS = re.compile(r"^(?:summary|totals):\s*(\d+)", re.MULTILINE)
 
@@ -108,7 +114,7 @@ async def measure(args: argparse.Namespace, tokens_per_run: int) -> dict[str, An
         workers=1,
         db=args.db,
         app_path=args.app_path or None,
-        factory=FLOOR if args.floor else "app.main:create_app",
+        factory=FLOOR if args.floor else GUARDED if args.guarded else "app.main:create_app",
         wrapper=wrapper,
         ready_timeout_s=900,
         env={"MAX_ACTIVE_RUNS": "1000", "STREAM_RETENTION_S": "120", **ablate_env(args.ablate)},
@@ -135,13 +141,13 @@ async def measure(args: argparse.Namespace, tokens_per_run: int) -> dict[str, An
     tokens = args.runs * tokens_per_run
     return {
         "scenario": "instructions",
-        "subject": "floor" if args.floor else "agentstream",
+        "subject": "floor" if args.floor else "guarded" if args.guarded else "agentstream",
         "ablated": args.ablate.split(",") if args.ablate else [],
-        "app": None if args.floor else app_file,
+        "app": None if args.floor or args.guarded else app_file,
         "database": None if args.floor else args.db,
         "runs": args.runs,
         "tokens_per_run": tokens_per_run,
-        "tool_calls_per_run": 0 if args.floor else args.k,  # the relay offers the LLM no tools
+        "tool_calls_per_run": 0 if args.floor or args.guarded else args.k,  # a relay offers no tools
         "concurrency": args.concurrency,
         "token_interval_s": args.delay_s,
         "measured_s": round(elapsed, 1),
@@ -184,6 +190,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--app-path", default="", help="the worker imports app/ from this tree")
     parser.add_argument("--floor", action="store_true", help="count the floor (a bare relay) instead")
     parser.add_argument(
+        "--guarded",
+        action="store_true",
+        help="count the floor with the guarantees kept (bench/peers/guarded_relay.py, SQLite) instead",
+    )
+    parser.add_argument(
         "--ablate",
         default="",
         help="take guarantees out to see what they cost: store, redis or store,redis "
@@ -205,8 +216,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "and each token's (two points of instructions = fixed + tokens x marginal)",
     )
     args = parser.parse_args(argv)
-    if args.floor and args.ablate:
-        parser.error("--ablate takes guarantees out of AgentStream; the floor has none")
+    if args.floor and args.guarded:
+        parser.error("--floor and --guarded are two subjects: count one at a time")
+    if (args.floor or args.guarded) and args.ablate:
+        parser.error("--ablate takes guarantees out of AgentStream, not out of a floor")
+    if args.guarded and args.db != "sqlite":
+        parser.error("--guarded stores in SQLite only")
     unknown = set(filter(None, args.ablate.split(","))) - set(ABLATIONS)
     if unknown:
         parser.error(f"--ablate: unknown {sorted(unknown)}; known: {', '.join(ABLATIONS)}")

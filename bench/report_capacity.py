@@ -116,6 +116,7 @@ def _floor_rows(knee: dict) -> list[Row]:
 
 INSTRUCTION_SUBJECTS = {
     "floor": "the floor (the bare relay)",
+    "guarded": "the floor with the guarantees kept (bench/peers/guarded_relay.py: Redis and SQLite)",
     "one": "AgentStream, 1 worker, SQLite",
     "ablated": "AgentStream, no event store, no Redis (`--ablate store,redis`: a difference, not a result)",
 }
@@ -172,6 +173,13 @@ def _instructions_part(knee: dict | None, instructions: dict[str, dict | None]) 
             f"| {name} | {fmt(got['instructions_per_token_marginal'] / 1000, ' k', 1)} | "
             f"{fmt(got['instructions_per_run_fixed'] / 1e6, ' M', 1)} | {fmt(at / 1000, ' k', 1)} | "
             f"{fmt(at / floor, 'x', 2) if floor else 'n/a'} |"
+        )
+    one, guarded = (_per_token_at(instructions.get(k), tokens) for k in ("one", "guarded"))
+    if one is not None and guarded:
+        md.append(
+            f"\nOne worker against the floor with the guarantees kept: {fmt(one / guarded, 'x', 2)} "
+            "(what AgentStream spends beyond keeping them at their cheapest; the guarded floor against "
+            "the bare one is what keeping them costs at the least).\n"
         )
     md.append("")
     return md

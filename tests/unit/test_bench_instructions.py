@@ -118,7 +118,14 @@ def test_a_uvicorn_process_that_cannot_take_out_what_it_was_asked_to_exits_at_on
 
 @pytest.mark.parametrize(
     "argv",
-    [["--floor", "--ablate", "store"], ["--ablate", "store,cache"], ["--tokens", "100", "--split", "100"]],
+    [
+        ["--floor", "--ablate", "store"],
+        ["--guarded", "--ablate", "redis"],
+        ["--floor", "--guarded"],
+        ["--guarded", "--db", "postgres"],
+        ["--ablate", "store,cache"],
+        ["--tokens", "100", "--split", "100"],
+    ],
 )
 def test_flags_that_cannot_measure_anything_are_refused_before_measuring(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as refused:

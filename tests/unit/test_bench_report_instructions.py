@@ -50,3 +50,16 @@ def test_the_section_says_why_a_count_is_missing() -> None:
         in section
     )
     assert "| 300.0 k | 50.0 M | 500.0 k | n/a |" in section  # no floor, no ratio
+
+
+def test_one_worker_is_set_against_the_guarded_floor_when_it_was_counted() -> None:
+    # guarded 150 k + 10 M / 250 = 190 k; AgentStream 500 k: 2.63x
+    guarded = {"instructions_per_token_marginal": 150_000, "instructions_per_run_fixed": 10_000_000}
+
+    with_it = "\n".join(capacity_section(KNEE, None, None, {"floor": FLOOR, "guarded": guarded, "one": ONE}))
+    without = "\n".join(capacity_section(KNEE, None, None, {"floor": FLOOR, "guarded": None, "one": ONE}))
+
+    assert "| 150.0 k | 10.0 M | 190.0 k | 1.58x |" in with_it
+    assert "the floor with the guarantees kept: 2.63x" in with_it
+    assert "guarantees kept: " not in without
+    assert f"| {INSTRUCTION_SUBJECTS['guarded']} | n/a (did not run) |" in without

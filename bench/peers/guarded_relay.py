@@ -1,0 +1,310 @@
+"""The floor with AgentStream's guarantees (issue 29): the bare relay, plus what keeping them costs at least.
+
+``bench/peers/bare_relay.py`` relays one chat call per run and keeps nothing. This relay keeps what
+AgentStream keeps for a streamed run, each done the cheapest way this stack allows, so that the
+distance from it to the bare relay is what the guarantees cost a Python worker at the least, and the
+distance from AgentStream to it is what the rest of AgentStream costs (the engine and its tool loop,
+FastAPI, the layers of the publish and delivery paths):
+
+* every event is appended to the conversation's Redis Stream (``XADD``) before its client gets it:
+  one connection, one writer task for the process, every event queued since the last write sent
+  in one pipelined write (a batch grows while a write is in flight), the replies read with hiredis;
+* every event is stored in the database (SQLite, WAL, through aiosqlite): one insert of all runs'
+  queued events every 500 ms in one transaction, and a run's last events stored before its ``done``
+  reaches Redis or the client;
+* the conversation and the run have rows: the conversation's inserted when it is created, the run's
+  inserted before the call starts and updated when it ends, each committed before the answer.
+
+Not here: resume from a cursor (it costs nothing while no client reconnects), any worker serving
+any stream (the writer hands each event to its own run's queue), the engine, authentication.
+``bench/capacity_bench.py knee --subjects guarded`` drives it with the same load generator, pinning,
+fake LLM and Redis as the floor and AgentStream; it speaks the same slice of AgentStream's API as the
+bare relay (see there). SQLite only: ``DATABASE_URL`` names the file (``sqlite+aiosqlite:///PATH``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import aiohttp
+import aiosqlite
+import hiredis
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from bench.peers.bare_relay import Frames, frame
+
+STORE_INTERVAL_S = 0.5
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS conversations (id TEXT PRIMARY KEY, created REAL)",
+    "CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, conversation_id TEXT, status TEXT, answer TEXT)",
+    "CREATE TABLE IF NOT EXISTS events (conversation_id TEXT, id TEXT, event TEXT, data TEXT, "
+    "PRIMARY KEY (conversation_id, id))",
+)
+Event = tuple[str, str, str, str]
+"""(conversation id, event id, event name, data) as stored."""
+
+
+class Appender:
+    """The process's one Redis writer: ``XADD`` of every queued event, one pipelined write at a time;
+    each event's frame goes to its run's queue once Redis has it."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 6379
+        self.db = int(parts.path.strip("/") or 0)
+        self.prefix = prefix
+        self.pending: list[tuple[bytes, Frames, bytes]] = []
+        self.wake = asyncio.Event()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        if self.db:
+            await self._round_trip(hiredis.pack_command(("SELECT", self.db)), 1)
+        self.task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.writer is not None:
+            self.writer.close()
+
+    def append(self, conversation_id: str, event: Event, frames: Frames, data: bytes) -> None:
+        key = f"{self.prefix}:stream:{conversation_id}"
+        command = hiredis.pack_command(("XADD", key, event[1], "e", event[2], "d", event[3]))
+        self.pending.append((command, frames, data))
+        self.wake.set()
+
+    async def _round_trip(self, payload: bytes, count: int) -> list[object]:
+        assert self.reader is not None and self.writer is not None
+        self.writer.write(payload)
+        parser = hiredis.Reader()
+        replies: list[object] = []
+        while len(replies) < count:
+            reply = parser.gets()
+            if reply is False:
+                data = await self.reader.read(262_144)
+                if not data:
+                    raise ConnectionError("Redis closed the connection")
+                parser.feed(data)
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                raise RuntimeError(f"Redis refused an append: {reply}")
+            replies.append(reply)
+        return replies
+
+    async def _run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            batch, self.pending = self.pending, []
+            if not batch:
+                continue
+            count = sum(1 for command, _, _ in batch if command)  # b"": a stream's end, no command
+            await self._round_trip(b"".join(command for command, _, _ in batch), count)
+            for _, frames, data in batch:
+                frames.put_nowait(data)
+
+
+class Store:
+    """The process's event store: every queued event inserted, all runs' at once, every 500 ms."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db: aiosqlite.Connection | None = None
+        self.queued: list[Event] = []
+        self.lock = asyncio.Lock()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.db = await aiosqlite.connect(self.path)
+        await self.db.execute("PRAGMA journal_mode=WAL")
+        for statement in SCHEMA:
+            await self.db.execute(statement)
+        await self.db.commit()
+        self.task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.db is not None:
+            await self.db.close()
+
+    async def write(self, sql: str, params: tuple[object, ...]) -> None:
+        """One statement in a transaction of its own (a row of a conversation or a run)."""
+        assert self.db is not None
+        async with self.lock:
+            await self.db.execute(sql, params)
+            await self.db.commit()
+
+    async def flush(self) -> None:
+        """Everything queued so far, stored."""
+        assert self.db is not None
+        async with self.lock:
+            batch, self.queued = self.queued, []
+            if batch:
+                await self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?)", batch)
+                await self.db.commit()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(STORE_INTERVAL_S)
+            await self.flush()
+
+
+class GuardedRelay:
+    """The runs in flight (one per conversation), the HTTP client session, Redis and the store."""
+
+    def __init__(self, base_url: str, model: str, redis_url: str, prefix: str, db_path: str) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.runs: dict[str, Frames] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.session: aiohttp.ClientSession | None = None
+        self.appender = Appender(redis_url, prefix)
+        self.store = Store(db_path)
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        await self.appender.start()
+        await self.store.start()
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+        await self.appender.stop()
+        await self.store.stop()
+
+    async def begin(self, conversation_id: str, message: str) -> str:
+        run_id = uuid.uuid4().hex
+        await self.store.write("INSERT INTO runs VALUES (?, ?, 'running', NULL)", (run_id, conversation_id))
+        frames: Frames = asyncio.Queue()
+        self.runs[conversation_id] = frames
+        task = asyncio.create_task(self._relay(conversation_id, run_id, message, frames))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return run_id
+
+    def _publish(
+        self, conversation_id: str, frames: Frames, ident: str, name: str, payload: dict[str, str]
+    ) -> None:
+        data = orjson.dumps(payload)
+        event = (conversation_id, ident, name, data.decode())
+        self.store.queued.append(event)
+        self.appender.append(conversation_id, event, frames, frame(ident, name, payload))
+
+    async def _relay(self, conversation_id: str, run_id: str, message: str, frames: Frames) -> None:
+        assert self.session is not None
+        body = {"model": self.model, "messages": [{"role": "user", "content": message}], "stream": True}
+        parts: list[str] = []
+        seq, last_ms = 0, 0
+        status = "completed"
+        try:
+            async with self.session.post(self.url, json=body) as response:
+                response.raise_for_status()
+                async for line in response.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    data = line[6:].strip()
+                    if data == b"[DONE]":
+                        break
+                    choices = orjson.loads(data).get("choices") or ()
+                    content = choices[0].get("delta", {}).get("content") if choices else None
+                    if not content:
+                        continue
+                    parts.append(content)
+                    now_ms = time.time_ns() // 1_000_000
+                    seq = seq + 1 if now_ms == last_ms else 0
+                    last_ms = now_ms
+                    payload = {"run_id": run_id, "status": "delta", "content": content}
+                    self._publish(conversation_id, frames, f"{now_ms}-{seq}", "answer", payload)
+        except (aiohttp.ClientError, ValueError, TimeoutError):
+            status = "failed"
+        answer = "".join(parts)
+        now_ms = max(last_ms + 1, time.time_ns() // 1_000_000)
+        done = {"run_id": run_id, "status": status, "answer": answer}
+        await self.store.flush()  # the run's events are stored before its done is out
+        await self.store.write(
+            "UPDATE runs SET status = ?, answer = ? WHERE id = ?", (status, answer, run_id)
+        )
+        self._publish(conversation_id, frames, f"{now_ms}-0", "done", done)
+        await self.store.flush()
+        self.appender.pending.append((b"", frames, b""))  # the end of the stream, after the done
+        self.appender.wake.set()
+
+
+def create_app() -> Starlette:
+    database = urlsplit(os.environ["DATABASE_URL"])
+    if database.scheme != "sqlite+aiosqlite":
+        raise SystemExit("the guarded relay stores in SQLite only (DATABASE_URL=sqlite+aiosqlite:///PATH)")
+    relay = GuardedRelay(
+        os.environ["LLM_BASE_URL"],
+        os.environ.get("LLM_MODEL", "fake-model"),
+        os.environ["REDIS_URL"],
+        os.environ.get("REDIS_KEY_PREFIX", "guarded-relay"),
+        database.path[1:] if database.path.startswith("//") else database.path,
+    )
+
+    async def new_conversation(request: Request) -> Response:
+        conversation_id = uuid.uuid4().hex
+        await relay.store.write("INSERT INTO conversations VALUES (?, ?)", (conversation_id, time.time()))
+        return JSONResponse({"id": conversation_id}, status_code=201)
+
+    async def new_run(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        run_id = await relay.begin(request.path_params["conversation_id"], str(body["message"]))
+        return JSONResponse({"run_id": run_id}, status_code=202)
+
+    async def stream(request: Request) -> Response:
+        frames = relay.runs.pop(request.path_params["conversation_id"], None)
+        if frames is None:
+            return Response(status_code=204)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(_ended(frames), media_type="text/event-stream", headers=headers)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    routes = [
+        Route("/api/conversations", new_conversation, methods=["POST"]),
+        Route("/api/conversations/{conversation_id}/runs", new_run, methods=["POST"]),
+        Route("/api/conversations/{conversation_id}/stream", stream, methods=["GET"]),
+        Route("/readyz", health, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await relay.start()
+        try:
+            yield
+        finally:
+            await relay.stop()
+
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _ended(frames: Frames) -> AsyncIterator[bytes]:
+    """The run's frames until the empty one the writer queues after its done."""
+    while (data := await frames.get()) != b"":
+        if data is None:
+            return
+        yield data
