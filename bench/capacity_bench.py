@@ -151,7 +151,7 @@ def knee_of(levels: list[dict[str, Any]]) -> int | None:
 
 FLOOR = "bench.peers.bare_relay:create_app"
 GUARDED = "bench.peers.guarded_relay:create_app"
-PEERS = {
+RELAYS = {
     "floor": (FLOOR, "floor: a bare relay (bench/peers/bare_relay.py), 1 process", "no database, no Redis"),
     "guarded": (
         GUARDED,
@@ -170,7 +170,7 @@ async def knee_workers(
     args: argparse.Namespace, workers: int, db: str, peer: str | None = None
 ) -> dict[str, Any]:
     """One subject served by uvicorn worker processes: AgentStream's app (``workers`` of them, on
-    ``db``), or a relay of ``PEERS`` (one process): the floor (``bench/peers/bare_relay.py``: no
+    ``db``), or a relay of ``RELAYS`` (one process): the floor (``bench/peers/bare_relay.py``: no
     database, no Redis) or the guarded floor (``bench/peers/guarded_relay.py``)."""
     relay = peer is not None
     env = {
@@ -192,7 +192,7 @@ async def knee_workers(
             db=db,
             redis_url=redis.url,
             profile=profile,
-            factory=PEERS[peer][0] if peer is not None else "app.main:create_app",
+            factory=RELAYS[peer][0] if peer is not None else "app.main:create_app",
             app_path=args.app_path or None,
         ) as stack:
             assert stack.fake is not None
@@ -219,14 +219,14 @@ async def knee_workers(
         row["worker_cpu_us_per_token"] = 1e4 * cpu / row["tokens_per_s"] if row["tokens_per_s"] else None
     summary = _profile_summary(args.profile, levels) if profile else None
     if peer is not None:
-        subject = PEERS[peer][1]
+        subject = RELAYS[peer][1]
     else:
         subject = f"AgentStream, {workers} worker{'s' if workers > 1 else ''}, {DB_NAMES[db]}"
     return {
         "subject": subject,
         "key": peer or f"{'one' if workers == 1 else 'two'}{'-pg' if db == 'postgres' else ''}",
         "workers": workers,
-        "database": PEERS[peer][2] if peer is not None else database,
+        "database": RELAYS[peer][2] if peer is not None else database,
         "env": {} if relay else env,
         "pinning": _pinning_note(where, "worker"),
         "profile": args.profile if profile else None,

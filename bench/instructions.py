@@ -43,14 +43,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.capacity_bench import FLOOR
+from bench.capacity_bench import FLOOR, GUARDED
 from bench.capacity_client import Level, agentstream_run
 from bench.fakellm import timed_args
 from bench.service_stack import ROOT, Stack
 from bench.wire import Connection
-
-GUARDED = "bench.peers.guarded_relay:create_app"
-"""The floor with the guarantees kept at their cheapest."""
 
 _TOTALS = re.compile(r"^(?:summary|totals):\s*(\d+)", re.MULTILINE)
 
@@ -220,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--floor and --guarded are two subjects: count one at a time")
     if (args.floor or args.guarded) and args.ablate:
         parser.error("--ablate takes guarantees out of AgentStream, not out of a floor")
+    if (args.floor or args.guarded) and args.app_path:
+        parser.error("--app-path names AgentStream's tree; a floor is this tree's bench/peers")
     if args.guarded and args.db != "sqlite":
         parser.error("--guarded stores in SQLite only")
     unknown = set(filter(None, args.ablate.split(","))) - set(ABLATIONS)

@@ -357,7 +357,8 @@ def _knee_part(knee: dict | None) -> list[str]:
 
 
 def _floor_part(knee: dict) -> list[str]:
-    """Each AgentStream subject against the floor (the bare relay), measured in the same invocation."""
+    """Each other subject (AgentStream's, the guarded floor) against the floor (the bare relay),
+    measured in the same invocation."""
     compared = knee.get("floor") or {}
     if not compared:
         return ["Against the floor: n/a (the floor did not run in this invocation).\n"]

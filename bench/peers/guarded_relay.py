@@ -10,13 +10,16 @@ FastAPI, the layers of the publish and delivery paths):
   one connection, one writer task for the process, every event queued since the last write sent
   in one pipelined write (a batch grows while a write is in flight), the replies read with hiredis;
 * every event is stored in the database (SQLite, WAL, through aiosqlite): one insert of all runs'
-  queued events every 500 ms in one transaction, and a run's last events stored before its ``done``
-  reaches Redis or the client;
+  queued events every 500 ms in one transaction, and a run's last events with its ``done`` and its
+  row's close in one transaction before the ``done`` reaches Redis or the client;
 * the conversation and the run have rows: the conversation's inserted when it is created, the run's
-  inserted before the call starts and updated when it ends, each committed before the answer.
+  inserted before the call starts, each committed before the answer;
+* the stream expires ``RETENTION_S`` after the run's ``done`` (``EXPIRE``, with the done's write).
 
-Not here: resume from a cursor (it costs nothing while no client reconnects), any worker serving
-any stream (the writer hands each event to its own run's queue), the engine, authentication.
+If Redis or the database fails, the relay stops (exit status 70): a guarantee it cannot keep ends
+the measurement loudly. Not here: resume from a cursor (it costs nothing while no client
+reconnects), any worker serving any stream (the writer hands each event to its own run's queue), a
+stream's length cap and the entries' ``run_id`` and ``prev`` fields, the engine, authentication.
 ``bench/capacity_bench.py knee --subjects guarded`` drives it with the same load generator, pinning,
 fake LLM and Redis as the floor and AgentStream; it speaks the same slice of AgentStream's API as the
 bare relay (see there). SQLite only: ``DATABASE_URL`` names the file (``sqlite+aiosqlite:///PATH``).
@@ -27,9 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -41,9 +47,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bench.peers.bare_relay import Frames, frame
+from bench.peers.bare_relay import Frames, _frames
 
 STORE_INTERVAL_S = 0.5
+RETENTION_S = 120
+"""The stream's expiry once its run is done (the knee's workers run with ``STREAM_RETENTION_S=120``)."""
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS conversations (id TEXT PRIMARY KEY, created REAL)",
     "CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, conversation_id TEXT, status TEXT, answer TEXT)",
@@ -54,16 +62,25 @@ Event = tuple[str, str, str, str]
 """(conversation id, event id, event name, data) as stored."""
 
 
+def fatal(what: str) -> NoReturn:
+    """A guarantee could not be kept: the relay stops at once rather than measure a broken run (a
+    level it cannot serve is missed, loudly, instead of hanging its clients)."""
+    traceback.print_exc()
+    print(f"guarded relay: {what}; stopping", file=sys.stderr, flush=True)
+    os._exit(70)
+
+
 class Appender:
-    """The process's one Redis writer: ``XADD`` of every queued event, one pipelined write at a time;
-    each event's frame goes to its run's queue once Redis has it."""
+    """The process's one Redis writer: every queued command in one pipelined write at a time; each
+    event's frame goes to its run's queue once Redis has it (``None``: the stream's end)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 6379
         self.db = int(parts.path.strip("/") or 0)
         self.prefix = prefix
-        self.pending: list[tuple[bytes, Frames, bytes]] = []
+        self.pending: list[tuple[bytes, Frames | None, bytes | None]] = []
+        """(command or b"", the queue its frame goes to, the frame or None for the stream's end)."""
         self.wake = asyncio.Event()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -83,10 +100,18 @@ class Appender:
         if self.writer is not None:
             self.writer.close()
 
-    def append(self, conversation_id: str, event: Event, frames: Frames, data: bytes) -> None:
-        key = f"{self.prefix}:stream:{conversation_id}"
-        command = hiredis.pack_command(("XADD", key, event[1], "e", event[2], "d", event[3]))
-        self.pending.append((command, frames, data))
+    def key(self, conversation_id: str) -> str:
+        return f"{self.prefix}:stream:{conversation_id}"
+
+    def append(self, conversation_id: str, ident: str, name: str, data: bytes, frames: Frames) -> None:
+        command = hiredis.pack_command(("XADD", self.key(conversation_id), ident, "e", name, "d", data))
+        self.pending.append((command, frames, frame_of(ident, name, data)))
+        self.wake.set()
+
+    def end(self, conversation_id: str, frames: Frames) -> None:
+        """After the run's done: the stream's expiry, and the end of its client's stream."""
+        expire = hiredis.pack_command(("EXPIRE", self.key(conversation_id), RETENTION_S))
+        self.pending += [(expire, None, None), (b"", frames, None)]
         self.wake.set()
 
     async def _round_trip(self, payload: bytes, count: int) -> list[object]:
@@ -103,7 +128,7 @@ class Appender:
                 parser.feed(data)
                 continue
             if isinstance(reply, hiredis.ReplyError):
-                raise RuntimeError(f"Redis refused an append: {reply}")
+                raise RuntimeError(f"Redis refused a command: {reply}")
             replies.append(reply)
         return replies
 
@@ -112,12 +137,17 @@ class Appender:
             await self.wake.wait()
             self.wake.clear()
             batch, self.pending = self.pending, []
-            if not batch:
-                continue
-            count = sum(1 for command, _, _ in batch if command)  # b"": a stream's end, no command
-            await self._round_trip(b"".join(command for command, _, _ in batch), count)
-            for _, frames, data in batch:
-                frames.put_nowait(data)
+            count = sum(1 for command, _, _ in batch if command)
+            try:
+                if count:
+                    await self._round_trip(b"".join(command for command, _, _ in batch), count)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                fatal("an append to Redis failed")
+            for _, frames, out in batch:
+                if frames is not None:
+                    frames.put_nowait(out)
 
 
 class Store:
@@ -153,19 +183,30 @@ class Store:
             await self.db.execute(sql, params)
             await self.db.commit()
 
-    async def flush(self) -> None:
-        """Everything queued so far, stored."""
+    async def flush(self, sql: str = "", params: tuple[object, ...] = ()) -> None:
+        """Everything queued so far stored (with ``sql`` in the same transaction, if given)."""
         assert self.db is not None
         async with self.lock:
             batch, self.queued = self.queued, []
             if batch:
-                await self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?)", batch)
+                await self.db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", batch)
+            if sql:
+                await self.db.execute(sql, params)
+            if batch or sql:
                 await self.db.commit()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(STORE_INTERVAL_S)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:
+                fatal("storing events failed")
+
+
+def frame_of(ident: str, name: str, data: bytes) -> bytes:
+    """``bench.peers.bare_relay.frame`` of a payload already encoded."""
+    return b"id: %s\nevent: %s\ndata: %s\n\n" % (ident.encode(), name.encode(), data)
 
 
 class GuardedRelay:
@@ -207,10 +248,10 @@ class GuardedRelay:
     def _publish(
         self, conversation_id: str, frames: Frames, ident: str, name: str, payload: dict[str, str]
     ) -> None:
+        """Queue the event for the store and for Redis (its client gets it once Redis has it)."""
         data = orjson.dumps(payload)
-        event = (conversation_id, ident, name, data.decode())
-        self.store.queued.append(event)
-        self.appender.append(conversation_id, event, frames, frame(ident, name, payload))
+        self.store.queued.append((conversation_id, ident, name, data.decode()))
+        self.appender.append(conversation_id, ident, name, data, frames)
 
     async def _relay(self, conversation_id: str, run_id: str, message: str, frames: Frames) -> None:
         assert self.session is not None
@@ -232,7 +273,7 @@ class GuardedRelay:
                     if not content:
                         continue
                     parts.append(content)
-                    now_ms = time.time_ns() // 1_000_000
+                    now_ms = max(time.time_ns() // 1_000_000, last_ms)  # ids never go back
                     seq = seq + 1 if now_ms == last_ms else 0
                     last_ms = now_ms
                     payload = {"run_id": run_id, "status": "delta", "content": content}
@@ -240,16 +281,19 @@ class GuardedRelay:
         except (aiohttp.ClientError, ValueError, TimeoutError):
             status = "failed"
         answer = "".join(parts)
-        now_ms = max(last_ms + 1, time.time_ns() // 1_000_000)
-        done = {"run_id": run_id, "status": status, "answer": answer}
-        await self.store.flush()  # the run's events are stored before its done is out
-        await self.store.write(
-            "UPDATE runs SET status = ?, answer = ? WHERE id = ?", (status, answer, run_id)
-        )
-        self._publish(conversation_id, frames, f"{now_ms}-0", "done", done)
-        await self.store.flush()
-        self.appender.pending.append((b"", frames, b""))  # the end of the stream, after the done
-        self.appender.wake.set()
+        ident = f"{max(last_ms + 1, time.time_ns() // 1_000_000)}-0"
+        data = orjson.dumps({"run_id": run_id, "status": status, "answer": answer})
+        self.store.queued.append((conversation_id, ident, "done", data.decode()))
+        try:
+            # The run's events, its done the last, and its row's close in one transaction, before
+            # the done goes out.
+            await self.store.flush(
+                "UPDATE runs SET status = ?, answer = ? WHERE id = ?", (status, answer, run_id)
+            )
+        except Exception:
+            fatal("storing a run's end failed")
+        self.appender.append(conversation_id, ident, "done", data, frames)
+        self.appender.end(conversation_id, frames)
 
 
 def create_app() -> Starlette:
@@ -261,7 +305,7 @@ def create_app() -> Starlette:
         os.environ.get("LLM_MODEL", "fake-model"),
         os.environ["REDIS_URL"],
         os.environ.get("REDIS_KEY_PREFIX", "guarded-relay"),
-        database.path[1:] if database.path.startswith("//") else database.path,
+        database.path[1:],  # sqlite+aiosqlite:///relative or :////absolute
     )
 
     async def new_conversation(request: Request) -> Response:
@@ -279,7 +323,7 @@ def create_app() -> Starlette:
         if frames is None:
             return Response(status_code=204)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(_ended(frames), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(_frames(frames), media_type="text/event-stream", headers=headers)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -300,11 +344,3 @@ def create_app() -> Starlette:
             await relay.stop()
 
     return Starlette(routes=routes, lifespan=lifespan)
-
-
-async def _ended(frames: Frames) -> AsyncIterator[bytes]:
-    """The run's frames until the empty one the writer queues after its done."""
-    while (data := await frames.get()) != b"":
-        if data is None:
-            return
-        yield data

@@ -1,23 +1,34 @@
-"""bench/peers/guarded_relay.py keeps what it claims to keep: every event in Redis and in SQLite."""
+"""bench/peers/guarded_relay.py keeps what it claims to keep: what a client gets is in Redis and in
+SQLite, in the order the client got it, and a run's ``done`` is stored before the client sees it."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import sqlite3
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
 import redis.asyncio as redis
 
-from bench.capacity_client import Level
+from bench.capacity_bench import GUARDED
 from bench.fakellm import timed_args
-from bench.instructions import GUARDED, stream_runs
 from bench.service_stack import Stack
 from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 
-RUNS, TOKENS = 4, 30
+RUNS, TOKENS = 3, 30
+Event = tuple[str, str, str]
+
+
+def _rows(db_path: Path, sql: str, *params: str) -> list[tuple[str, ...]]:
+    db = sqlite3.connect(db_path)
+    try:
+        return [tuple(row) for row in db.execute(sql, params)]
+    finally:
+        db.close()
 
 
 def _key(ident: str) -> tuple[int, int]:
@@ -25,45 +36,63 @@ def _key(ident: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-async def test_every_event_a_client_gets_is_in_redis_and_in_sqlite_in_order() -> None:
-    async with Stack(
-        timed_args(0, TOKENS, 0.005, "calculator"), factory=GUARDED, redis_url=REDIS_URL
-    ) as stack:
-        level = Level(2, TOKENS, 200, 0, 0, 0)
-        await stream_runs(stack.workers[0][1], level, RUNS, 2)
-        assert level.runs_good == RUNS, (level.problems, level.examples)
-        db = sqlite3.connect(Path(stack.tmp.name) / "bench.db")
-        try:
-            conversations = [row[0] for row in db.execute("SELECT id FROM conversations")]
-            runs = dict(db.execute("SELECT conversation_id, answer FROM runs WHERE status = 'completed'"))
-            stored = {
-                cid: sorted(
-                    db.execute("SELECT id, event, data FROM events WHERE conversation_id = ?", (cid,)),
-                    key=lambda row: _key(row[0]),
-                )
-                for cid in conversations
-            }
-        finally:
-            db.close()
-        client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+async def _run(client: httpx.AsyncClient, db_path: Path) -> tuple[str, list[Event], bool]:
+    """One run streamed to its end: its conversation, the events as the client got them, and whether
+    its done was stored when the client got it."""
+    conversation = (await client.post("/api/conversations", json={})).json()["id"]
+    started = await client.post(f"/api/conversations/{conversation}/runs", json={"message": "hi"})
+    assert started.status_code == 202
+    got: list[Event] = []
+    done_stored = False
+    async with client.stream("GET", f"/api/conversations/{conversation}/stream") as response:
+        fields: dict[str, str] = {}
+        async for line in response.aiter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            got.append((fields["id"], fields["event"], fields["data"]))
+            if fields["event"] == "done":
+                found = _rows(db_path, "SELECT id FROM events WHERE id = ?", fields["id"])
+                done_stored = found == [(fields["id"],)]
+            fields = {}
+    return conversation, got, done_stored
+
+
+async def test_what_a_client_gets_is_in_redis_and_in_sqlite_in_order() -> None:
+    async with Stack(timed_args(0, TOKENS, 0.005), factory=GUARDED, redis_url=REDIS_URL) as stack:
+        db_path = Path(stack.tmp.name) / "bench.db"
+        base = f"http://127.0.0.1:{stack.workers[0][1]}"
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            runs = await asyncio.gather(*(_run(client, db_path) for _ in range(RUNS)))
+        store = redis.Redis.from_url(REDIS_URL, decode_responses=True)
         try:
             streamed = {
-                cid: [
+                conversation: [
                     (ident, fields["e"], fields["d"])
-                    for ident, fields in await client.xrange(f"{stack.prefix}:stream:{cid}")
+                    for ident, fields in await store.xrange(f"{stack.prefix}:stream:{conversation}")
                 ]
-                for cid in conversations
+                for conversation, _, _ in runs
             }
-            for cid in conversations:
-                await client.delete(f"{stack.prefix}:stream:{cid}")
+            ttl = [await store.ttl(f"{stack.prefix}:stream:{conversation}") for conversation, _, _ in runs]
         finally:
-            await client.aclose()
+            await store.aclose()
+        stored = {
+            conversation: sorted(
+                _rows(db_path, "SELECT id, event, data FROM events WHERE conversation_id = ?", conversation),
+                key=lambda row: _key(row[0]),
+            )
+            for conversation, _, _ in runs
+        }
+        answers = dict(_rows(db_path, "SELECT conversation_id, answer FROM runs WHERE status = 'completed'"))
 
-    assert len(conversations) == RUNS and len(runs) == RUNS
-    for cid in conversations:
-        # The client read TOKENS deltas and a done (the load generator checked the answer): all of
-        # them are in both places, in the same order, with the same bytes.
-        assert len(stored[cid]) == TOKENS + 1
-        assert stored[cid] == streamed[cid]
-        assert stored[cid][-1][1] == "done"
-        assert json.loads(stored[cid][-1][2])["answer"] == runs[cid] != ""
+    assert len(answers) == RUNS
+    assert all(0 < seconds <= 120 for seconds in ttl)  # the stream expires after its run's done
+    for conversation, got, done_stored in runs:
+        assert [event for _, event, _ in got] == ["answer"] * TOKENS + ["done"]
+        assert done_stored
+        # In the client's order, with the same bytes, in both places.
+        assert streamed[conversation] == got
+        assert stored[conversation] == got
+        deltas = "".join(orjson.loads(data)["content"] for _, event, data in got if event == "answer")
+        assert orjson.loads(got[-1][2])["answer"] == deltas == answers[conversation] != ""
