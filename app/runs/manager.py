@@ -49,8 +49,8 @@ from app.runs.replay import ReplayStart
 from app.runs.takeover import Takeover
 from app.settings import Settings
 from app.streaming.bus import EventBus, StoredEvent, later_cursor
-from app.streaming.publisher import stamp_after
 from app.streaming.redis_signals import MemoryCancelSignal
+from app.streaming.stamp import stamp_after
 from app.tools.registry import ToolRegistry
 from app.tracing import NO_TRACING, Tracing
 

@@ -24,7 +24,7 @@ from app.db.repositories.run_start import Opening
 from app.db.repositories.runs import CheckpointRow
 from app.engine.state import PendingReply, RunCheckpoint
 from app.streaming.bus import StoredEvent, next_cursor, parse_cursor
-from app.streaming.publisher import wall_clock_ms
+from app.streaming.stamp import wall_clock_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,12 @@
 ``publish()`` never waits for I/O. It assigns the event its id, encodes it once, and queues it; a
 background sender pushes queued events to the bus in batches ("natural batching": at once when
 idle, while a send is in flight the next batch accumulates), so latency is about one round trip at
-low load and batches grow with load. Consecutive answer deltas still waiting to be sent merge into
-one delta whose content is their exact concatenation. A second background task persists the same
+low load and batches grow with load. When the run is idle and nothing has to wait, ``publish()``
+sends the event itself (a Redis bus's ``append_nowait``) and the bus's answer completes it by a
+callback: the per-token path without waking the sender twice (bench/NOTES.md, sixth session); the
+sender takes what has to wait, every ``done``, and the retries of such a send that failed.
+Consecutive answer deltas still waiting to be sent merge into one delta whose content is their
+exact concatenation. A second background task persists the same
 events to the database in larger batches, retrying with backoff: the database is the durable
 record, the bus is the fast path.
 
@@ -22,8 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import orjson
-
 from app.engine.events import AnswerDelta, EngineEvent
 from app.streaming.bus import (
     BusClosedError,
@@ -33,6 +35,7 @@ from app.streaming.bus import (
     next_cursor,
     parse_cursor,
 )
+from app.streaming.stamp import encode_event, wall_clock_ms
 from app.streaming.store import (
     CheckpointRecord,
     EventPersistError,
@@ -48,27 +51,6 @@ log = logging.getLogger("app.streaming.publisher")
 MAX_DELTA_CHARS = 16_384
 """Deltas stop merging at about this size. Every reader holds whole events: unbounded, one fast
 answer merged into events of megabytes, and each client that stopped reading held several."""
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def encode_event(event: EngineEvent, run_id: str) -> str:
-    """An event's ``data`` as it is sent and stored: its payload with its run's id."""
-    data = event.data()
-    data["run_id"] = run_id
-    # A tool may hand back arguments JSON cannot hold (sets, objects): show them as text rather
-    # than fail the run.
-    return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-
-
-def stamp_after(event: EngineEvent, run_id: str, after: str) -> StoredEvent:
-    """``event`` of run ``run_id`` as the next event of its conversation after cursor ``after``,
-    for an event published outside any attempt (a run's ``queued`` phase)."""
-    return StoredEvent(
-        next_cursor(after, wall_clock_ms()), event.channel, encode_event(event, run_id), run_id, after
-    )
 
 
 class _PendingDelta:
@@ -177,6 +159,15 @@ class RunPublisher:
         """The last batch was left to the store after the bus failed for ``bus_retry_s``: the next
         ones get one attempt each until one succeeds."""
         self._bus_task: asyncio.Task[None] | None = None
+        # Sends made by ``publish()`` itself (``_send_now``): the bus's append that does not wait,
+        # None where every event goes through the send loop (the in-process bus stores first).
+        self._append_nowait: Callable[[str, list[StoredEvent]], asyncio.Future[None]] | None = (
+            None if store_before_bus else getattr(bus, "append_nowait", None)
+        )
+        self._direct: list[StoredEvent] | None = None
+        """The batch ``publish()`` sent itself, while the bus has not answered for it."""
+        self._retry: tuple[list[StoredEvent], Exception] | None = None
+        """A direct batch whose append failed, for the send loop to retry."""
 
     # ---- the engine's side -----------------------------------------------------------------
 
@@ -198,10 +189,17 @@ class RunPublisher:
                 tail.parts.append(event.content)
                 tail.size += len(event.content)
                 return None
+            if eager and self._can_send_now():
+                event_id, prev = self._next_id()
+                self._send_now(StoredEvent(event_id, "answer", self._encode(event), self.run_id, prev))
+                return None
             self._queue(_PendingDelta(*self._next_id(), event.content, eager))
             return None
         stored = self.stamp(event)
-        self._queue_event(stored)
+        if not stored.is_done and self._can_send_now():
+            self._send_now(stored)
+        else:
+            self._queue_event(stored)
         return stored
 
     def stamp(self, event: EngineEvent) -> StoredEvent:
@@ -359,7 +357,8 @@ class RunPublisher:
         if not self._pending:
             self._pending_since = time.monotonic()
         self._pending.append(item)
-        self._bus_wake.set()
+        if self._direct is None:  # else the direct send's answer wakes the loop
+            self._bus_wake.set()
 
     def _take(self) -> list[StoredEvent]:
         """Up to ``bus_batch`` pending items as stored events, each delta encoded once, now."""
@@ -373,6 +372,65 @@ class RunPublisher:
         """The merged delta as the one event it becomes, encoded once."""
         content = delta.parts[0] if len(delta.parts) == 1 else "".join(delta.parts)
         return StoredEvent(delta.id, "answer", self._encode(AnswerDelta(content)), self.run_id, delta.prev)
+
+    def _can_send_now(self) -> bool:
+        """Whether ``publish()`` may send an event to the bus itself: nothing of the run queued
+        or in flight (the order stays), the bus healthy, and no wait the send loop would make
+        first (a linger or coalescing window, a stale lease to confirm, a done's store, an outage)."""
+        return (
+            self._append_nowait is not None
+            and not self._linger_s  # a linger batches in the send loop, every event with the others
+            and not self._pending
+            and not self._sending
+            and not self._bus_down
+            and not self._bus_given_up
+            and not self._writer.dead
+            and not self._writer.must_confirm()
+        )
+
+    def _send_now(self, stored: StoredEvent) -> None:
+        """The send loop's work for one event, done by ``publish()`` without waking the loop (the
+        per-token path, bench/NOTES.md sixth session): queued for the store, then handed to the
+        bus's writer; ``_sent_now`` takes the answer."""
+        assert self._append_nowait is not None
+        batch = [stored]
+        self._writer.queue_taken(batch)  # queued for the store before it is sent, as always
+        try:
+            future = self._append_nowait(self.conversation_id, batch)
+        except BusClosedError:
+            # Shutting down (as ``_send`` has it): the store keeps it, readers elsewhere read it there.
+            self._bus_given_up = True
+            self._notify()
+            return
+        self._sending = True
+        self._direct = batch
+        future.add_done_callback(self._sent_now)
+
+    def _sent_now(self, future: asyncio.Future[None]) -> None:
+        batch, self._direct = self._direct, None
+        error = BusClosedError("the event bus is closed") if future.cancelled() else future.exception()
+        if error is not None and not isinstance(error, Exception):
+            error = BusClosedError(f"the event bus append ended with {error!r}")
+        if batch is None or self._closed:
+            self._sending = False
+            return  # discarded meanwhile: nothing more of this run counts
+        if error is None or isinstance(error, BusClosedError) or self._bus_given_up:
+            self._sending = False
+            if error is None:
+                if self._on_published is not None:
+                    try:
+                        self._on_published(batch)
+                    except Exception:
+                        log.warning("on_published callback failed", exc_info=True)
+            elif isinstance(error, BusClosedError):
+                self._bus_given_up = True
+            self._notify()
+            if self._pending:
+                self._bus_wake.set()
+            return
+        # The retries and the outage's rules are the send loop's: it takes the batch from here.
+        self._retry = (batch, error)
+        self._bus_wake.set()
 
     def _flushed(self) -> bool:
         bus_idle = (not self._pending and not self._sending) or self._bus_given_up
@@ -422,7 +480,17 @@ class RunPublisher:
 
     async def _send_forever(self) -> None:
         while True:
-            if not self._pending:
+            if self._retry is not None:
+                batch, error = self._retry
+                self._retry = None
+                try:
+                    await self._send(batch, failed=error)
+                finally:
+                    self._sending = False
+                self._notify()
+                continue
+            if self._direct is not None or not self._pending:
+                # Idle, or behind a batch publish() sent itself: its answer wakes this loop.
                 self._bus_wake.clear()
                 await self._bus_wake.wait()
                 continue
@@ -460,11 +528,18 @@ class RunPublisher:
                 self._sending = False
             self._notify()
 
-    async def _send(self, batch: list[StoredEvent]) -> None:
+    async def _send(self, batch: list[StoredEvent], failed: Exception | None = None) -> None:
+        """Append ``batch``, retried as the class says; ``failed``: its first append already
+        failed so (a direct send's), and the retries start from there."""
         first_failure: float | None = None
         attempt = 0
         while True:
+            if self._bus_given_up:
+                return  # the attempt lost its run (or the bus closed) while this waited
             try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
                 if first_failure is not None:
                     # The failed attempt may have appended a prefix of the batch: skip what is there.
                     held = await self._bus.last_id(self.conversation_id)

@@ -304,17 +304,11 @@ class RedisEventBus(RedisStreamsBus["_StreamReader"]):
         # block_ms at a time, so it never starves anyone) and the writer.
         self._reader_connection = RespConnection(url, client_name=client_name, timeout_s=socket_timeout_s)
         self._writer_connection = RespConnection(url, client_name=client_name, timeout_s=socket_timeout_s)
-        self._writer: _Writer | None = None
 
     # ---- writing ---------------------------------------------------------------------------
 
-    async def append(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        self._check_open()
-        if not events:
-            return
-        if self._writer is None:
-            self._writer = _Writer(self, self._writer_connection)
-        await self._writer.submit(conversation_id, events)
+    def _start_writer(self) -> StreamWriter:
+        return _Writer(self, self._writer_connection)
 
     def _start_reader(self) -> _StreamReader:
         return _StreamReader(self, self._reader_connection)

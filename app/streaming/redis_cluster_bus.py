@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.streaming.bus import BusClosedError, BusUnavailableError, StoredEvent
+from app.streaming.bus import BusClosedError, BusUnavailableError
 from app.streaming.redis_keys import RedisKeys
 from app.streaming.redis_streams import (
     PAGE,
@@ -410,15 +410,9 @@ class RedisClusterEventBus(RedisStreamsBus[_ClusterStreamReader]):
             redis, RedisKeys(prefix, cluster=True), follower_buffer=follower_buffer, reconnect_s=reconnect_s
         )
         self._calls = asyncio.Semaphore(pool_size)
-        self._writer: _ClusterWriter | None = None
 
-    async def append(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
-        self._check_open()
-        if not events:
-            return
-        if self._writer is None:
-            self._writer = _ClusterWriter(self)
-        await self._writer.submit(conversation_id, events)
+    def _start_writer(self) -> StreamWriter:
+        return _ClusterWriter(self)
 
     def _start_reader(self) -> _ClusterStreamReader:
         return _ClusterStreamReader(self)

@@ -331,6 +331,7 @@ class RedisStreamsBus(Generic[ReaderT]):
         self.follower_buffer = follower_buffer
         self.reconnect_s = reconnect_s
         self._reader: ReaderT | None = None
+        self._writer: StreamWriter | None = None
         self._closed = False
 
     def stream_key(self, conversation_id: str) -> str:
@@ -344,6 +345,24 @@ class RedisStreamsBus(Generic[ReaderT]):
         if self._reader is None:
             self._reader = self._start_reader()
         return self._reader
+
+    def _start_writer(self) -> StreamWriter:
+        """The process's stream writer, started (on first use)."""
+        raise NotImplementedError
+
+    async def append(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+        if events:
+            await self.append_nowait(conversation_id, events)
+        else:
+            self._check_open()
+
+    def append_nowait(self, conversation_id: str, events: Sequence[StoredEvent]) -> asyncio.Future[None]:
+        """``append`` without waiting: the future ends as ``append`` would (``RunPublisher``'s
+        direct sends). Raises ``BusClosedError`` at once if the bus is closed."""
+        self._check_open()
+        if self._writer is None:
+            self._writer = self._start_writer()
+        return self._writer.submit(conversation_id, events)
 
     # ---- writing by key --------------------------------------------------------------------
 

@@ -281,14 +281,21 @@ class StoreWriter:
         fence = self._fence
         return fence is not None and fence.stale() and time.monotonic() - self._held_at > fence.lease_s / 2
 
+    def must_confirm(self) -> bool:
+        """Whether ``confirm_if_stale`` would ask the store now (otherwise it returns at once)."""
+        return (
+            self._fence is not None
+            and not self.dead
+            and self._unconfirmed()
+            and time.monotonic() >= self._confirm_after
+        )
+
     async def confirm_if_stale(self) -> None:
         """When this worker has not confirmed its leases for a while (it stalled), make sure the
         attempt still holds the run before more of it goes out; a store that does not answer
         cannot tell, and the events go on (an outage is not a lost run)."""
-        if self._fence is None or self.dead or not self._unconfirmed():
-            return
-        if time.monotonic() < self._confirm_after:
-            return  # the last check could not tell (an outage): the bus goes on meanwhile
+        if not self.must_confirm():
+            return  # confirmed lately, or the last check could not tell (an outage): the bus goes on
         with contextlib.suppress(AttemptLostError):  # marked lost: the publisher stops sending
             try:
                 await self.check_held()

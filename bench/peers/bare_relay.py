@@ -26,7 +26,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -122,8 +122,21 @@ def create_app() -> Starlette:
         run_id = relay.begin(request.path_params["conversation_id"], str(body["message"]))
         return JSONResponse({"run_id": run_id}, status_code=202)
 
+    return relay_app(relay.start, relay.stop, relay.runs, new_conversation, new_run)
+
+
+def relay_app(
+    start: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    runs: dict[str, Frames],
+    new_conversation: Callable[[Request], Awaitable[Response]],
+    new_run: Callable[[Request], Awaitable[Response]],
+) -> Starlette:
+    """The slice of AgentStream's API the load generator uses, for a relay whose runs put their
+    frames on ``runs[conversation_id]`` (this one's, and ``bench/peers/guarded_relay.py``'s)."""
+
     async def stream(request: Request) -> Response:
-        frames = relay.runs.pop(request.path_params["conversation_id"], None)
+        frames = runs.pop(request.path_params["conversation_id"], None)
         if frames is None:
             return Response(status_code=204)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -141,10 +154,10 @@ def create_app() -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await relay.start()
+        await start()
         try:
             yield
         finally:
-            await relay.stop()
+            await stop()
 
     return Starlette(routes=routes, lifespan=lifespan)

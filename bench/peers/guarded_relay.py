@@ -34,7 +34,6 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -44,10 +43,9 @@ import hiredis
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
 
-from bench.peers.bare_relay import Frames, _frames
+from bench.peers.bare_relay import Frames, relay_app
 
 STORE_INTERVAL_S = 0.5
 RETENTION_S = 120
@@ -93,10 +91,7 @@ class Appender:
         self.task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        await _cancelled(self.task)
         if self.writer is not None:
             self.writer.close()
 
@@ -169,10 +164,7 @@ class Store:
         self.task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        await _cancelled(self.task)
         if self.db is not None:
             await self.db.close()
 
@@ -202,6 +194,13 @@ class Store:
                 await self.flush()
             except Exception:
                 fatal("storing events failed")
+
+
+async def _cancelled(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def frame_of(ident: str, name: str, data: bytes) -> bytes:
@@ -318,29 +317,4 @@ def create_app() -> Starlette:
         run_id = await relay.begin(request.path_params["conversation_id"], str(body["message"]))
         return JSONResponse({"run_id": run_id}, status_code=202)
 
-    async def stream(request: Request) -> Response:
-        frames = relay.runs.pop(request.path_params["conversation_id"], None)
-        if frames is None:
-            return Response(status_code=204)
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(_frames(frames), media_type="text/event-stream", headers=headers)
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    routes = [
-        Route("/api/conversations", new_conversation, methods=["POST"]),
-        Route("/api/conversations/{conversation_id}/runs", new_run, methods=["POST"]),
-        Route("/api/conversations/{conversation_id}/stream", stream, methods=["GET"]),
-        Route("/readyz", health, methods=["GET"]),
-    ]
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await relay.start()
-        try:
-            yield
-        finally:
-            await relay.stop()
-
-    return Starlette(routes=routes, lifespan=lifespan)
+    return relay_app(relay.start, relay.stop, relay.runs, new_conversation, new_run)

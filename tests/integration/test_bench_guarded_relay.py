@@ -53,7 +53,8 @@ async def _run(client: httpx.AsyncClient, db_path: Path) -> tuple[str, list[Even
                 continue
             got.append((fields["id"], fields["event"], fields["data"]))
             if fields["event"] == "done":
-                found = _rows(db_path, "SELECT id FROM events WHERE id = ?", fields["id"])
+                query = "SELECT id FROM events WHERE conversation_id = ? AND id = ?"
+                found = _rows(db_path, query, conversation, fields["id"])  # ids are a conversation's
                 done_stored = found == [(fields["id"],)]
             fields = {}
     return conversation, got, done_stored

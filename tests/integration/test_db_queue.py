@@ -18,7 +18,7 @@ from app.db.repositories.queue import QUEUE_LOCK, Admission, RunQueue
 from app.db.session import Database
 from app.engine.events import RunQueued
 from app.streaming.bus import StoredEvent
-from app.streaming.publisher import stamp_after
+from app.streaming.stamp import stamp_after
 from tests.support.server import async_wait_until
 
 

@@ -106,6 +106,47 @@ async def test_many_tokens_cost_few_redis_round_trips_and_arrive_exactly(redis_b
     assert store.all(conv) == received  # what the database keeps is what the client saw
 
 
+async def test_a_quiet_runs_events_go_to_redis_from_publish_itself_in_order_and_as_stored(
+    redis_bus: RedisEventBus,
+) -> None:
+    # Tokens that come one at a time (the run idle in between) are sent by publish() itself,
+    # without the run's send loop (bench/NOTES.md, sixth session); a burst that comes while one is
+    # in flight still goes through the loop, after it. The client, the stream and the store agree.
+    store = MemoryStore()
+    conv = "conv_direct"
+    reader = asyncio.create_task(collect(redis_bus, store, conv, "0-0"))
+    await wait_until(lambda: conv in redis_bus.subscriptions)
+    # coalesce_ms=0: a token is never held for the next, however soon it comes.
+    publisher = RunPublisher(redis_bus, store, conv, RUN, last_id=None, coalesce_ms=0)
+    looped: list[int] = []
+    send = publisher._send
+
+    async def counted(batch: list[StoredEvent], failed: Exception | None = None) -> None:
+        looped.append(len(batch))
+        await send(batch, failed)
+
+    publisher._send = counted  # type: ignore[method-assign]
+    await publisher.publish(ThinkingStarted(iteration=1))
+    tokens: list[str] = []
+    for i in range(30):
+        tokens.append(f"slow{i} ")
+        await publisher.publish(AnswerDelta(tokens[-1]))
+        # The run idle before the next token: it is on the bus, nothing queued or in flight.
+        await wait_until(lambda: not publisher._pending and not publisher._sending)
+    for i in range(30):
+        tokens.append(f"fast{i} ")
+        await publisher.publish(AnswerDelta(tokens[-1]))  # behind the one in flight: merged, looped
+    await publisher.publish(run_done("".join(tokens)))
+    await publisher.close()
+
+    received = await asyncio.wait_for(reader, 10)
+    assert answer_text(received) == "".join(tokens)
+    held = await redis_bus.read_after(conv, "0-0")
+    assert held == received == store.all(conv)
+    assert [e.prev for e in received[1:]] == [e.id for e in received[:-1]]  # each names the last
+    assert len(looped) <= 3, looped  # the burst behind the last slow token, and the done
+
+
 async def test_resume_serves_from_the_database_what_redis_lost_mid_run(
     redis_bus: RedisEventBus, database: Database
 ) -> None:

@@ -102,3 +102,12 @@ async def wait_until(predicate: Callable[[], bool], within_s: float = 5.0) -> No
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.001)
+
+
+def append_nowait(
+    self: ScriptedBus, conversation_id: str, events: Sequence[StoredEvent]
+) -> asyncio.Future[None]:
+    """The Redis buses' ``append_nowait`` on a ``ScriptedBus`` (its failures, gate and records
+    included): with it, ``RunPublisher`` sends an event itself when the run is idle."""
+    self._check_open()
+    return asyncio.ensure_future(self.append(conversation_id, list(events)))

@@ -24,6 +24,8 @@ from app.streaming.store import EventPersistError, PublisherClosedError
 from app.streaming.store_writer import next_tick
 from tests.unit.streaming.doubles import MemoryStore, ScriptedBus, wait_until
 
+pytestmark = pytest.mark.usefixtures("bus_path")
+
 CONV = "conv_1"
 RUN = "run_1"
 
@@ -431,6 +433,55 @@ async def test_a_closed_bus_is_not_retried_and_the_store_still_gets_everything()
     await asyncio.wait_for(pub.close(), timeout=2)
 
     assert [e.event for e in store.all(CONV)] == ["step", "done"]
+
+
+async def test_a_bus_closed_while_an_append_waits_is_given_up_and_the_store_gets_the_rest() -> None:
+    bus, store = ScriptedBus(), MemoryStore()
+    bus.gate = asyncio.Event()
+    pub = publisher(bus, store, bus_retry_s=30.0)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await wait_until(bus.in_append.is_set)  # the step's append waits at the gate
+    await pub.publish(AnswerDelta("a"))  # behind it
+    await bus.close()
+    bus.gate.set()  # the append finds the bus closed
+
+    await pub.publish(run_done("a"))
+    await asyncio.wait_for(pub.close(), timeout=2)
+
+    assert [e.event for e in store.all(CONV)] == ["step", "answer", "done"]
+    # The step's append was the last one tried: nothing more went to a closed bus.
+    assert [e.event for batch in bus.appends for e in batch] == ["step"]
+
+
+async def test_an_attempt_that_loses_its_run_while_an_append_fails_sends_nothing_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("app.streaming.publisher.backoff", lambda attempt, cap: 0.0)
+    store = MemoryStore()
+    pub: RunPublisher | None = None
+
+    class LosingBus(ScriptedBus):
+        """The append fails, and meanwhile the store writer finds another attempt holds the run."""
+
+        async def append(self, conversation_id: str, events: Sequence[StoredEvent]) -> None:
+            try:
+                await super().append(conversation_id, events)
+            except Exception:
+                assert pub is not None
+                pub._lost()
+                raise
+
+    bus = LosingBus()
+    bus.fail_appends = 1
+    pub = publisher(bus, store)
+    await pub.publish(ThinkingStarted(iteration=1))
+    await asyncio.wait_for(pub.flush(), timeout=2)
+    for _ in range(20):  # a retry (which must not come) gets every chance
+        await asyncio.sleep(0)
+
+    assert bus.fail_appends == 0  # it was tried once
+    assert bus.appends == []  # and never again
+    await pub.discard()
 
 
 async def test_discard_drops_what_is_queued_and_sends_nothing_more() -> None:

@@ -22,6 +22,8 @@ from app.streaming.publisher import RunPublisher
 from app.streaming.store import AttemptLostError, CheckpointRecord, EventPersistError, Fence, HoldClock
 from tests.unit.streaming.doubles import ScriptedBus, wait_until
 
+pytestmark = pytest.mark.usefixtures("bus_path")
+
 CONV, RUN = "conv_1", "run_1"
 FENCE = Fence(RUN, 1, "w1", 30)
 
