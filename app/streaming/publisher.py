@@ -190,8 +190,7 @@ class RunPublisher:
                 tail.size += len(event.content)
                 return None
             if eager and self._can_send_now():
-                event_id, prev = self._next_id()
-                self._send_now(StoredEvent(event_id, "answer", self._encode(event), self.run_id, prev))
+                self._send_now(self.stamp(event))
                 return None
             self._queue(_PendingDelta(*self._next_id(), event.content, eager))
             return None
@@ -417,11 +416,7 @@ class RunPublisher:
         if error is None or isinstance(error, BusClosedError) or self._bus_given_up:
             self._sending = False
             if error is None:
-                if self._on_published is not None:
-                    try:
-                        self._on_published(batch)
-                    except Exception:
-                        log.warning("on_published callback failed", exc_info=True)
+                self._published(batch)
             elif isinstance(error, BusClosedError):
                 self._bus_given_up = True
             self._notify()
@@ -431,6 +426,14 @@ class RunPublisher:
         # The retries and the outage's rules are the send loop's: it takes the batch from here.
         self._retry = (batch, error)
         self._bus_wake.set()
+
+    def _published(self, batch: list[StoredEvent]) -> None:
+        """``batch`` reached the bus: tell ``on_published``."""
+        if self._on_published is not None:
+            try:
+                self._on_published(batch)
+            except Exception:
+                log.warning("on_published callback failed", exc_info=True)
 
     def _flushed(self) -> bool:
         bus_idle = (not self._pending and not self._sending) or self._bus_given_up
@@ -591,11 +594,8 @@ class RunPublisher:
             if self._bus_down:
                 log.info("event bus answers again", extra=self._context)
                 self._bus_down = False
-            if batch and self._on_published is not None:
-                try:
-                    self._on_published(batch)
-                except Exception:
-                    log.warning("on_published callback failed", exc_info=True)
+            if batch:
+                self._published(batch)
             return
 
     async def _take_during_outage(self) -> list[StoredEvent]:
