@@ -64,16 +64,31 @@ class Relay:
         if self.session is not None:
             await self.session.close()
 
-    def begin(self, conversation_id: str, message: str) -> str:
-        run_id = uuid.uuid4().hex
+    def begin(self, conversation_id: str, message: str, run_id: str | None = None) -> str:
+        run_id = run_id or uuid.uuid4().hex
         frames: Frames = asyncio.Queue()
         self.runs[conversation_id] = frames
-        task = asyncio.create_task(self._relay(run_id, message, frames))
+        task = asyncio.create_task(self._relay(conversation_id, run_id, message, frames))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return run_id
 
-    async def _relay(self, run_id: str, message: str, frames: Frames) -> None:
+    def _publish(
+        self, conversation_id: str, frames: Frames, ident: str, name: str, payload: dict[str, str]
+    ) -> None:
+        """An answer token's event: straight to its client."""
+        frames.put_nowait(frame(ident, name, payload))
+
+    async def _finish(
+        self, conversation_id: str, run_id: str, frames: Frames, ident: str, status: str, answer: str
+    ) -> None:
+        """The run's ``done``, and the end of its client's stream."""
+        frames.put_nowait(frame(ident, "done", {"run_id": run_id, "status": status, "answer": answer}))
+        frames.put_nowait(None)
+
+    async def _relay(self, conversation_id: str, run_id: str, message: str, frames: Frames) -> None:
+        """The chat call, each answer token an event (``_publish``), then ``_finish``: the read
+        of ``bench/peers/guarded_relay.py`` too, which keeps what it publishes."""
         assert self.session is not None
         body = {"model": self.model, "messages": [{"role": "user", "content": message}], "stream": True}
         parts: list[str] = []
@@ -93,17 +108,15 @@ class Relay:
                     if not content:
                         continue
                     parts.append(content)
-                    now_ms = time.time_ns() // 1_000_000
+                    now_ms = max(time.time_ns() // 1_000_000, last_ms)  # ids never go back
                     seq = seq + 1 if now_ms == last_ms else 0
                     last_ms = now_ms
                     payload = {"run_id": run_id, "status": "delta", "content": content}
-                    frames.put_nowait(frame(f"{now_ms}-{seq}", "answer", payload))
+                    self._publish(conversation_id, frames, f"{now_ms}-{seq}", "answer", payload)
         except (aiohttp.ClientError, ValueError, TimeoutError):
             status = "failed"
-        now_ms = max(last_ms + 1, time.time_ns() // 1_000_000)
-        done = {"run_id": run_id, "status": status, "answer": "".join(parts)}
-        frames.put_nowait(frame(f"{now_ms}-0", "done", done))
-        frames.put_nowait(None)
+        ident = f"{max(last_ms + 1, time.time_ns() // 1_000_000)}-0"
+        await self._finish(conversation_id, run_id, frames, ident, status, "".join(parts))
 
 
 async def _frames(frames: Frames) -> AsyncIterator[bytes]:

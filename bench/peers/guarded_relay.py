@@ -37,7 +37,6 @@ import uuid
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-import aiohttp
 import aiosqlite
 import hiredis
 import orjson
@@ -45,7 +44,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from bench.peers.bare_relay import Frames, relay_app
+from bench.peers.bare_relay import Frames, Relay, relay_app
 
 STORE_INTERVAL_S = 0.5
 RETENTION_S = 120
@@ -208,41 +207,29 @@ def frame_of(ident: str, name: str, data: bytes) -> bytes:
     return b"id: %s\nevent: %s\ndata: %s\n\n" % (ident.encode(), name.encode(), data)
 
 
-class GuardedRelay:
-    """The runs in flight (one per conversation), the HTTP client session, Redis and the store."""
+class GuardedRelay(Relay):
+    """The bare relay's runs and read (``Relay``), each event kept in Redis and the store."""
 
     def __init__(self, base_url: str, model: str, redis_url: str, prefix: str, db_path: str) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.runs: dict[str, Frames] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.session: aiohttp.ClientSession | None = None
+        super().__init__(base_url, model)
         self.appender = Appender(redis_url, prefix)
         self.store = Store(db_path)
 
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        await super().start()
         await self.appender.start()
         await self.store.start()
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.session is not None:
-            await self.session.close()
+        await super().stop()
         await self.appender.stop()
         await self.store.stop()
 
-    async def begin(self, conversation_id: str, message: str) -> str:
+    async def begin_stored(self, conversation_id: str, message: str) -> str:
+        """``begin`` once the run's row is stored."""
         run_id = uuid.uuid4().hex
         await self.store.write("INSERT INTO runs VALUES (?, ?, 'running', NULL)", (run_id, conversation_id))
-        frames: Frames = asyncio.Queue()
-        self.runs[conversation_id] = frames
-        task = asyncio.create_task(self._relay(conversation_id, run_id, message, frames))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return run_id
+        return self.begin(conversation_id, message, run_id)
 
     def _publish(
         self, conversation_id: str, frames: Frames, ident: str, name: str, payload: dict[str, str]
@@ -252,35 +239,9 @@ class GuardedRelay:
         self.store.queued.append((conversation_id, ident, name, data.decode()))
         self.appender.append(conversation_id, ident, name, data, frames)
 
-    async def _relay(self, conversation_id: str, run_id: str, message: str, frames: Frames) -> None:
-        assert self.session is not None
-        body = {"model": self.model, "messages": [{"role": "user", "content": message}], "stream": True}
-        parts: list[str] = []
-        seq, last_ms = 0, 0
-        status = "completed"
-        try:
-            async with self.session.post(self.url, json=body) as response:
-                response.raise_for_status()
-                async for line in response.content:
-                    if not line.startswith(b"data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == b"[DONE]":
-                        break
-                    choices = orjson.loads(data).get("choices") or ()
-                    content = choices[0].get("delta", {}).get("content") if choices else None
-                    if not content:
-                        continue
-                    parts.append(content)
-                    now_ms = max(time.time_ns() // 1_000_000, last_ms)  # ids never go back
-                    seq = seq + 1 if now_ms == last_ms else 0
-                    last_ms = now_ms
-                    payload = {"run_id": run_id, "status": "delta", "content": content}
-                    self._publish(conversation_id, frames, f"{now_ms}-{seq}", "answer", payload)
-        except (aiohttp.ClientError, ValueError, TimeoutError):
-            status = "failed"
-        answer = "".join(parts)
-        ident = f"{max(last_ms + 1, time.time_ns() // 1_000_000)}-0"
+    async def _finish(
+        self, conversation_id: str, run_id: str, frames: Frames, ident: str, status: str, answer: str
+    ) -> None:
         data = orjson.dumps({"run_id": run_id, "status": status, "answer": answer})
         self.store.queued.append((conversation_id, ident, "done", data.decode()))
         try:
@@ -314,7 +275,7 @@ def create_app() -> Starlette:
 
     async def new_run(request: Request) -> Response:
         body = orjson.loads(await request.body())
-        run_id = await relay.begin(request.path_params["conversation_id"], str(body["message"]))
+        run_id = await relay.begin_stored(request.path_params["conversation_id"], str(body["message"]))
         return JSONResponse({"run_id": run_id}, status_code=202)
 
     return relay_app(relay.start, relay.stop, relay.runs, new_conversation, new_run)
