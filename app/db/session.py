@@ -12,6 +12,7 @@ import logging
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import Pool
+
+from app.db import sqlite_driver
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,12 @@ def create_engine(
         path = _sqlite_file(parsed)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(parsed, **kwargs)
+        # The file and the arguments as SQLAlchemy makes them for this URL, opened by our driver
+        # (app.db.sqlite_driver: one trip to the connection's thread per statement).
+        args, params = create_async_engine(parsed).dialect.create_connect_args(parsed)
+        engine = create_async_engine(
+            parsed, async_creator=partial(sqlite_driver.connect, *args, **params), **kwargs
+        )
         _configure_sqlite(engine, enforce_foreign_keys=enforce_foreign_keys)
         return engine
     if parsed.get_backend_name() == "postgresql":
