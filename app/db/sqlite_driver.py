@@ -14,8 +14,8 @@ session), and on a busy worker each is also a turn of the event loop to wait for
   the cursor SQLAlchemy holds serves the rows from memory. SQLAlchemy's own cursor for this driver
   reads every row at once too (``fetchall`` after each execute), so nothing is held longer.
 - ``commit()`` and ``rollback()`` outside a transaction are not sent. ``sqlite3`` does nothing
-  then either (both look at ``sqlite3_get_autocommit`` first), and whether a transaction is open
-  only changes by this connection's own statements, each awaited before the next is sent.
+  then either (both look at ``sqlite3_get_autocommit`` first). Whether a transaction is open only
+  changes by this connection's own calls, so it is read only while none is queued or running.
 
 Built on aiosqlite's ``Connection`` and its ``_execute``/``_conn`` (pinned, pyproject.toml).
 """
@@ -77,7 +77,7 @@ class Cursor:
 
     async def _statement(self, call: Callable[[sqlite3.Cursor], object]) -> Cursor:
         connection = self._connection
-        done: _Statement = await connection._execute(_run, connection._conn, call)  # type: ignore[no-untyped-call]
+        done: _Statement = await connection._execute(_run, connection._conn, call)
         self._rows, self._at = done.rows, 0
         self.description, self.rowcount, self.lastrowid = done.description, done.rowcount, done.lastrowid
         return self
@@ -115,17 +115,42 @@ class Cursor:
 
 class Connection(aiosqlite.Connection):
     """aiosqlite's connection with the cursor above and no trip for a commit or rollback that
-    has no transaction to end."""
+    has no transaction to end.
+
+    Whether a transaction is open is read only when no call of this connection is queued or
+    running in its thread: a statement whose caller was cancelled still runs there, and may open
+    one. A rollback then waits behind it, as every call does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Each counted by one thread only: sent by the event loop's, done by the connection's.
+        self._sent = 0
+        self._done = 0
+
+    async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def call() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._done += 1
+
+        if not self._running or not self._connection:
+            raise ValueError("Connection closed")  # as aiosqlite refuses it, before it is queued
+        self._sent += 1
+        return await super()._execute(call)  # type: ignore[no-untyped-call]
+
+    def _idle_outside_transaction(self) -> bool:
+        return self._sent == self._done and not self._conn.in_transaction
 
     def cursor(self) -> Cursor:  # type: ignore[override]
         return Cursor(self)
 
     async def commit(self) -> None:
-        if self._conn.in_transaction:
+        if not self._idle_outside_transaction():
             await super().commit()
 
     async def rollback(self) -> None:
-        if self._conn.in_transaction:
+        if not self._idle_outside_transaction():
             await super().rollback()
 
 

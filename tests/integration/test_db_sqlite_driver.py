@@ -5,7 +5,9 @@ transactions, a rollback that undoes)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -136,3 +138,28 @@ async def test_an_in_memory_database_works_too() -> None:
             assert await session.scalar(text("SELECT sum(v) FROM m")) == 3
     finally:
         await database.dispose()
+
+
+async def test_a_rollback_behind_a_cancelled_statement_still_ends_its_transaction(db: Database) -> None:
+    # A statement whose caller was cancelled still runs in the connection's thread, after what is
+    # queued before it. A rollback sent meanwhile must wait behind it, not judge by the
+    # transaction it cannot see yet (sqlite3 opens it when the INSERT runs).
+    connection = await sqlite_driver.connect(str(db.engine.url.database))
+    gate = threading.Event()
+    try:
+        blocked = asyncio.ensure_future(connection._execute(gate.wait, 10))
+        insert = asyncio.ensure_future(connection.cursor().execute("INSERT INTO t (name, n) VALUES ('z', 0)"))
+        await asyncio.sleep(0)  # both tasks take their first step: both calls are queued
+        assert connection._sent - connection._done == 2
+        insert.cancel()
+        rollback = asyncio.ensure_future(connection.rollback())
+        await asyncio.sleep(0)
+        gate.set()
+        assert await blocked is True
+        await rollback
+        assert not connection.in_transaction
+        cursor = await connection.cursor().execute("SELECT count(*) FROM t WHERE name = 'z'")
+        assert await cursor.fetchall() == [(0,)]
+    finally:
+        gate.set()
+        await connection.close()
