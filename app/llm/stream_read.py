@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from httpx_aiohttp.transport import map_aiohttp_exceptions
@@ -39,25 +39,15 @@ RAW_BODY = "agentstream.aiohttp_response"
 aiohttp response (``app.llm.openai_client``), whose body ``chunks`` then reads directly."""
 
 
-async def _lines(response: Any) -> AsyncIterator[bytes]:
-    """The body's lines. From aiohttp's own buffer when the transport left it (``RAW_BODY``) and
+def _body(response: Any) -> AsyncIterator[bytes]:
+    """The body's bytes. From aiohttp's own buffer when the transport left it (``RAW_BODY``) and
     the body is not compressed: the per-token path of a worker (bench/RESULTS.md), where httpx's
     five layers of iterators and its text decoder cost more than the rest of the read; else from
     httpx, which undoes any content coding."""
     raw = getattr(response, "extensions", {}).get(RAW_BODY)
     if raw is not None and response.headers.get("content-encoding", "identity").lower() == "identity":
-        body = raw.content.iter_any()
-    else:
-        body = response.aiter_bytes()
-    pending = b""
-    # The errors httpx's own read would raise (ReadError, ReadTimeout); others pass unchanged.
-    with map_aiohttp_exceptions():
-        async for data in body:
-            *lines, pending = _split(pending + data if pending else data)
-            for line in lines:
-                yield line
-    if pending:
-        yield pending
+        return cast(AsyncIterator[bytes], raw.content.iter_any())
+    return cast(AsyncIterator[bytes], response.aiter_bytes())
 
 
 def _split(data: bytes) -> list[bytes]:
@@ -144,27 +134,43 @@ class StreamReader:
 async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:
     """The JSON chunks of an SSE body; see the module docstring. The body is read to its end (past
     ``[DONE]``) so that the connection goes back to the pool. Event streams are UTF-8 whatever the
-    headers say (the HTML standard's "Server-sent events"); a byte that is not gives U+FFFD."""
+    headers say (the HTML standard's "Server-sent events"); a byte that is not gives U+FFFD.
+
+    One generator from the body's reads to the chunks (the lines are not a generator of their
+    own: a token's chunk is two lines, and each step through a generator costs about as much as
+    reading the line)."""
     event = b""
-    async for line in _lines(response):
-        if line.startswith(b"data:"):
-            data = _stripped(line[5:])
-            if not data:
-                continue
-            if data == b"[DONE]":
-                reader.saw_done = True
-                continue
-            if reader.saw_done:
-                continue  # read to the end for the connection's sake, but nothing counts after [DONE]
-            if event == b"error":
-                raise reported_error(_json_or_text(_text(data)))
-            yield _loads(data)
-        elif not line:
-            event = b""  # a blank line ends an SSE event
-        elif line.startswith(b"event:"):
-            event = _stripped(line[6:])
-        elif line.startswith(b"error:"):  # llama.cpp's server: "error: {json}"
-            raise reported_error(_json_or_text(_text(line[6:])))
+    pending = b""
+    ended = False
+    body = _body(response)
+    # The errors httpx's own read would raise (ReadError, ReadTimeout); others pass unchanged.
+    with map_aiohttp_exceptions():
+        while not ended:
+            try:
+                data = await anext(body)
+                *lines, pending = _split(pending + data if pending else data)
+            except StopAsyncIteration:
+                ended = True
+                lines, pending = ([pending] if pending else []), b""
+            for line in lines:
+                if line.startswith(b"data:"):
+                    field = _stripped(line[5:])
+                    if not field:
+                        continue
+                    if field == b"[DONE]":
+                        reader.saw_done = True
+                        continue
+                    if reader.saw_done:
+                        continue  # read to the end for the connection's sake; nothing counts after [DONE]
+                    if event == b"error":
+                        raise reported_error(_json_or_text(_text(field)))
+                    yield _loads(field)
+                elif not line:
+                    event = b""  # a blank line ends an SSE event
+                elif line.startswith(b"event:"):
+                    event = _stripped(line[6:])
+                elif line.startswith(b"error:"):  # llama.cpp's server: "error: {json}"
+                    raise reported_error(_json_or_text(_text(line[6:])))
 
 
 _UNICODE_SPACE_ENDS = frozenset(range(0x1C, 0x20)) | frozenset(range(0x80, 0x100))

@@ -465,3 +465,11 @@ def test_the_streams_model_and_id_are_kept_for_traces() -> None:
     )
 
     assert (reader.response_model, reader.response_id) == ("gpt-x-2025-01", "chatcmpl-9")
+
+
+async def test_a_last_line_without_its_line_end_is_read_too() -> None:
+    # A server that closes right after its last chunk, with no line end after it.
+    body = FakeBody(data(chunk({"content": "a"})), "data: " + orjson.dumps(chunk({"content": "b"})).decode())
+
+    assert await read(body) == [chunk({"content": "a"}), chunk({"content": "b"})]
+    assert body.read_to_end
