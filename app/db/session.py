@@ -74,7 +74,7 @@ def create_engine(
             path.parent.mkdir(parents=True, exist_ok=True)
         # The file and the arguments as SQLAlchemy makes them for this URL, opened by our driver
         # (app.db.sqlite_driver: one trip to the connection's thread per statement).
-        args, params = create_async_engine(parsed).dialect.create_connect_args(parsed)
+        args, params = parsed.get_dialect()().create_connect_args(parsed)
         engine = create_async_engine(
             parsed, async_creator=partial(sqlite_driver.connect, *args, **params), **kwargs
         )

@@ -12,7 +12,9 @@ session), and on a busy worker each is also a turn of the event loop to wait for
 - a cursor runs each statement in one trip: it makes a SQLite cursor, executes, reads every row it
   returns, notes ``description``, ``rowcount`` and ``lastrowid``, and closes it, all in the thread;
   the cursor SQLAlchemy holds serves the rows from memory. SQLAlchemy's own cursor for this driver
-  reads every row at once too (``fetchall`` after each execute), so nothing is held longer.
+  reads every row at once too (``fetchall`` after each execute), so nothing is held longer; a
+  server-side cursor (``stream()``, ``yield_per``, which the app does not use) gets its rows the
+  same way, all at once.
 - ``commit()`` and ``rollback()`` outside a transaction are not sent. ``sqlite3`` does nothing
   then either (both look at ``sqlite3_get_autocommit`` first). Whether a transaction is open only
   changes by this connection's own calls, so it is read only while none is queued or running.
@@ -23,7 +25,7 @@ Built on aiosqlite's ``Connection`` and its ``_execute``/``_conn`` (pinned, pypr
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from typing import Any
 
 import aiosqlite
@@ -76,6 +78,8 @@ class Cursor:
         await self.close()
 
     async def _statement(self, call: Callable[[sqlite3.Cursor], object]) -> Cursor:
+        # Nothing of the statement before (as sqlite3 has it), whatever becomes of this one.
+        self._rows, self._at, self.description, self.rowcount, self.lastrowid = [], 0, None, -1, None
         connection = self._connection
         done: _Statement = await connection._execute(_run, connection._conn, call)
         self._rows, self._at = done.rows, 0
@@ -109,6 +113,10 @@ class Cursor:
         self._rows, self._at = [], 0
         return rows
 
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        while (row := await self.fetchone()) is not None:
+            yield row
+
     async def close(self) -> None:
         self._rows, self._at = [], 0
 
@@ -119,7 +127,9 @@ class Connection(aiosqlite.Connection):
 
     Whether a transaction is open is read only when no call of this connection is queued or
     running in its thread: a statement whose caller was cancelled still runs there, and may open
-    one. A rollback then waits behind it, as every call does."""
+    one. A rollback then waits behind it, as every call does. (Calls put on aiosqlite's queue
+    directly are not counted: SQLAlchemy's isolation level setter, which the app does not use, and
+    ``stop()``, after which nothing is sent.)"""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -140,7 +150,12 @@ class Connection(aiosqlite.Connection):
         return await super()._execute(call)  # type: ignore[no-untyped-call]
 
     def _idle_outside_transaction(self) -> bool:
-        return self._sent == self._done and not self._conn.in_transaction
+        return (
+            self._running  # else the call is refused as aiosqlite refuses it
+            and self._connection is not None
+            and self._sent == self._done
+            and not self._connection.in_transaction
+        )
 
     def cursor(self) -> Cursor:  # type: ignore[override]
         return Cursor(self)

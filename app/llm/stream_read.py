@@ -140,31 +140,29 @@ async def chunks(response: Any, reader: StreamReader) -> AsyncIterator[object]:
     own: a token's chunk is two lines, and each step through a generator costs about as much as
     reading the line)."""
     event = b""
-    pending = b""
-    ended = False
+    pending: bytes | None = b""
     body = _body(response)
     # The errors httpx's own read would raise (ReadError, ReadTimeout); others pass unchanged.
     with map_aiohttp_exceptions():
-        while not ended:
-            try:
-                data = await anext(body)
+        while pending is not None:
+            data = await anext(body, None)
+            if data is not None:
                 *lines, pending = _split(pending + data if pending else data)
-            except StopAsyncIteration:
-                ended = True
-                lines, pending = ([pending] if pending else []), b""
+            else:  # the body's end: what is left is its last line
+                lines, pending = ([pending] if pending else []), None
             for line in lines:
                 if line.startswith(b"data:"):
-                    field = _stripped(line[5:])
-                    if not field:
+                    value = _stripped(line[5:])
+                    if not value:
                         continue
-                    if field == b"[DONE]":
+                    if value == b"[DONE]":
                         reader.saw_done = True
                         continue
                     if reader.saw_done:
                         continue  # read to the end for the connection's sake; nothing counts after [DONE]
                     if event == b"error":
-                        raise reported_error(_json_or_text(_text(field)))
-                    yield _loads(field)
+                        raise reported_error(_json_or_text(_text(value)))
+                    yield _loads(value)
                 elif not line:
                     event = b""  # a blank line ends an SSE event
                 elif line.startswith(b"event:"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -153,7 +154,8 @@ async def test_a_rollback_behind_a_cancelled_statement_still_ends_its_transactio
         assert connection._sent - connection._done == 2
         insert.cancel()
         rollback = asyncio.ensure_future(connection.rollback())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the rollback takes its first step: it is queued behind the two
+        assert connection._sent - connection._done == 3
         gate.set()
         assert await blocked is True
         await rollback
@@ -163,3 +165,27 @@ async def test_a_rollback_behind_a_cancelled_statement_still_ends_its_transactio
     finally:
         gate.set()
         await connection.close()
+
+
+async def test_a_failed_statement_leaves_nothing_of_the_one_before(db: Database) -> None:
+    connection = await sqlite_driver.connect(str(db.engine.url.database))
+    try:
+        cursor = await connection.cursor().execute("SELECT name FROM t ORDER BY id")
+        with pytest.raises(sqlite3.OperationalError):
+            await cursor.execute("SELECT * FROM missing")
+        assert cursor.description is None
+        assert await cursor.fetchall() == []
+        # Iterated as a server-side cursor would be.
+        await cursor.execute("SELECT n FROM t ORDER BY id")
+        assert [row async for row in cursor] == [(1,), (2,), (3,)]
+    finally:
+        await connection.close()
+
+
+async def test_a_closed_connection_refuses_a_commit_and_a_rollback(db: Database) -> None:
+    connection = await sqlite_driver.connect(str(db.engine.url.database))
+    await connection.close()
+    with pytest.raises(ValueError, match="no active connection|closed"):
+        await connection.rollback()
+    with pytest.raises(ValueError, match="no active connection|closed"):
+        await connection.commit()
