@@ -185,7 +185,7 @@ async def test_a_failed_statement_leaves_nothing_of_the_one_before(db: Database)
 async def test_a_closed_connection_refuses_a_commit_and_a_rollback(db: Database) -> None:
     connection = await sqlite_driver.connect(str(db.engine.url.database))
     await connection.close()
-    with pytest.raises(ValueError, match="no active connection|closed"):
+    with pytest.raises(ValueError, match=r"no active connection|closed"):
         await connection.rollback()
-    with pytest.raises(ValueError, match="no active connection|closed"):
+    with pytest.raises(ValueError, match=r"no active connection|closed"):
         await connection.commit()
