@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import aiosqlite
 
 from app.db.migrate import upgrade_database
 from app.db.repositories import ConversationRepo, EventRepo, RunRepo
@@ -61,6 +64,25 @@ async def run_life(conversations: ConversationRepo, runs: RunRepo, events: Event
     )
 
 
+@contextlib.contextmanager
+def counting_trips() -> Iterator[list[int]]:
+    """Counts the calls SQLite connections send to their threads (aiosqlite's ``_execute``, which
+    every call of aiosqlite's own connection and of ``app.db.sqlite_driver``'s goes through) while
+    the block runs: ``[n]``, read after it."""
+    real = aiosqlite.Connection._execute
+    count = [0]
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return await real(self, fn, *args, **kwargs)
+
+    aiosqlite.Connection._execute = counted  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        aiosqlite.Connection._execute = real  # type: ignore[method-assign]
+
+
 async def measure(url: str, n_runs: int, concurrency: int, warmup: int) -> dict[str, Any]:
     db = Database(url)
     repos = ConversationRepo(db.sessionmaker), RunRepo(db.sessionmaker), EventRepo(db.sessionmaker)
@@ -75,14 +97,17 @@ async def measure(url: str, n_runs: int, concurrency: int, warmup: int) -> dict[
                 left -= 1
                 await run_life(*repos)
 
-        before, wall = os.times(), time.perf_counter()
-        await asyncio.gather(*(lane() for _ in range(concurrency)))
-        after, wall = os.times(), time.perf_counter() - wall
+        with counting_trips() as trips:
+            before, wall = os.times(), time.perf_counter()
+            await asyncio.gather(*(lane() for _ in range(concurrency)))
+            after, wall = os.times(), time.perf_counter() - wall
     finally:
         await db.dispose()
     return {
         "runs": n_runs,
         "concurrency": concurrency,
+        # SQLite only: what goes to the connection's thread (bench/NOTES.md, seventh session).
+        "thread_trips_per_run": trips[0] / n_runs if db.dialect == "sqlite" else None,
         "user_ms_per_run": 1e3 * (after.user - before.user) / n_runs,
         "system_ms_per_run": 1e3 * (after.system - before.system) / n_runs,
         "cpu_ms_per_run": 1e3 * (after.user + after.system - before.user - before.system) / n_runs,
@@ -120,10 +145,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     for db in args.db:
         for concurrency in args.concurrency:
             row = {"database": db, **(on_sqlite if db == "sqlite" else on_postgres)(args, concurrency)}
+            trips = row["thread_trips_per_run"]
             print(
                 f"  db {db} x{concurrency}: {row['cpu_ms_per_run']:.2f} ms CPU/run "
                 f"(user {row['user_ms_per_run']:.2f}, system {row['system_ms_per_run']:.2f}), "
-                f"{row['wall_ms_per_run']:.2f} ms wall/run",
+                f"{row['wall_ms_per_run']:.2f} ms wall/run"
+                + (f", {trips:.1f} trips to SQLite's thread/run" if trips is not None else ""),
                 file=sys.stderr,
             )
             rows.append(row)
