@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 
-from app.db.session import Database
+from app.db.session import POSTGRES_POOL_SIZE, Database
 from tests.integration.conftest import PostgresServer, run_in_own_loop
 from tests.support.server import async_wait_until
 
@@ -49,6 +49,25 @@ async def test_a_plain_sqlite_url_gets_the_async_driver(tmp_path: Path) -> None:
     try:
         assert db.engine.dialect.driver == "aiosqlite"
         assert await db.ping() is True
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_pool_keeps_the_connections_a_peak_opened(
+    postgres_server: PostgresServer, postgres_migrated_database: str
+) -> None:
+    # A connection opened for a peak and closed when given back is opened again at the next one:
+    # a login and the statements prepared anew, on the event loop (bench/NOTES.md, seventh session).
+    db = Database(postgres_server.async_url(postgres_migrated_database))
+    peak = POSTGRES_POOL_SIZE - 5
+    try:
+        held = [await db.engine.connect() for _ in range(peak)]
+        for conn in held:
+            await conn.execute(text("SELECT 1"))
+        for conn in held:
+            await conn.close()
+        assert db.engine.pool.checkedin() == peak  # type: ignore[attr-defined]
     finally:
         await db.dispose()
 
