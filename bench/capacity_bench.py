@@ -432,6 +432,14 @@ def _no_nan(value: Any) -> Any:
     return value
 
 
+def emit(result: Any, out: str) -> None:
+    """A bench script's result: one JSON line on stdout, and the same in the file ``out`` if named."""
+    text = json.dumps(result, default=str)
+    print(text, flush=True)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -537,11 +545,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         command: Callable[[argparse.Namespace], Any] = cmd_burst
     else:
         command = {"knee": cmd_knee, "cluster-throughput": cmd_cluster_throughput}[args.command]
-    result = asyncio.run(command(args))
-    text = json.dumps(_no_nan(result), default=str)
-    print(text, flush=True)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(_no_nan(asyncio.run(command(args))), args.out)
 
 
 if __name__ == "__main__":

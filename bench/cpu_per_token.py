@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.capacity_bench import FLOOR, GUARDED
+from bench.capacity_bench import FLOOR, GUARDED, emit
 from bench.capacity_client import Level
 from bench.fakellm import timed_args
 from bench.instructions import stream_runs
@@ -119,10 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs = args.split_runs or 2 * args.runs
         result["points"].append(asyncio.run(measure(args, args.split, runs)))
         result |= split(*result["points"])
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import shutil
@@ -43,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.capacity_bench import FLOOR, GUARDED
+from bench.capacity_bench import FLOOR, GUARDED, emit
 from bench.capacity_client import Level, agentstream_run
 from bench.fakellm import timed_args
 from bench.service_stack import ROOT, Stack
@@ -230,10 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.split:
         other = asyncio.run(measure(args, args.split))
         result = split(result, other)
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
