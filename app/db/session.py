@@ -27,6 +27,8 @@ from app.db import sqlite_driver
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+SQLITE_POOL_SIZE = 15
+"""Connections a worker's pool holds on a SQLite file (a thread each), all kept once opened."""
 
 POSTGRES_POOL_SIZE = 30
 """Connections a worker's request pool holds on PostgreSQL, all kept once opened (no overflow)."""
@@ -78,6 +80,12 @@ def create_engine(
         # The file and the arguments as SQLAlchemy makes them for this URL, opened by our driver
         # (app.db.sqlite_driver: one trip to the connection's thread per statement).
         args, params = parsed.get_dialect()().create_connect_args(parsed)
+        if path is not None and poolclass is None:
+            # The most SQLAlchemy's default allows (5 + 10 overflow), all kept: an overflow
+            # connection was closed when given back and opened at the next peak (a thread started,
+            # the file opened, the pragmas and SQLAlchemy's functions set up), on a busy worker
+            # most of a connection a run (bench/NOTES.md, eighth session).
+            kwargs.update(pool_size=SQLITE_POOL_SIZE, max_overflow=0)
         engine = create_async_engine(
             parsed, async_creator=partial(sqlite_driver.connect, *args, **params), **kwargs
         )
