@@ -45,13 +45,16 @@ from bench.service_stack import (
     SseStream,
     Stack,
     cpu_seconds,
+    loop_thread_sched,
     machine_cpu,
     machine_share,
     new_conversation,
+    postgres_cpu,
     probe_env,
     probe_summary,
     read_stream,
     rss_mb,
+    sched_shares,
     start_run,
 )
 
@@ -214,6 +217,7 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
         for concurrency in args.concurrency:
             cpu0, t0, client0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
             machine0, wall0 = machine_cpu(), time.time()
+            sched0 = loop_thread_sched(pid), postgres_cpu()
             deadline = time.monotonic() + args.max_seconds
             level = await _latency_level(
                 port,
@@ -228,6 +232,9 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
             level["client_cpu_pct"] = 100 * (time.process_time() - client0) / (time.perf_counter() - t0)
             level["worker_rss_mb"] = rss_mb(pid)
             level.update(machine_share(machine0, machine_cpu()))
+            level.update(
+                sched_shares(sched0, (loop_thread_sched(pid), postgres_cpu()), time.perf_counter() - t0)
+            )
             if args.probe:
                 level["probe"] = probe_summary(probe, wall0, time.time())
             levels.append(level)
@@ -238,7 +245,9 @@ async def scenario_latency(args: argparse.Namespace) -> dict[str, Any]:
                 f"publish->client p50 {level['publish_to_client_p50_ms']:.1f} "
                 f"p99 {level['publish_to_client_p99_ms']:.1f}; worker CPU {level['worker_cpu_pct']:.0f}% "
                 f"client CPU {level['client_cpu_pct']:.0f}%; machine busy {level['machine_busy_pct']:.0f}% "
-                f"stolen {level['machine_steal_pct']:.0f}%",
+                f"stolen {level['machine_steal_pct']:.0f}%; event loop's thread on a CPU "
+                f"{level['loop_thread_cpu_pct']:.0f}%, waiting for one "
+                f"{level['loop_thread_runqueue_pct']:.1f}%; PostgreSQL {level['postgres_cpu_pct']:.0f}%",
                 file=sys.stderr,
             )
             if args.probe:

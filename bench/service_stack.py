@@ -87,6 +87,46 @@ def machine_share(before: tuple[int, int, int], after: tuple[int, int, int]) -> 
     }
 
 
+def loop_thread_sched(pid: int) -> tuple[int, int]:
+    """The main thread's (the event loop's) time on a CPU and time runnable but waiting for one,
+    in ns, from the scheduler (``/proc/<pid>/task/<pid>/schedstat``)."""
+    on_cpu, waiting, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    return int(on_cpu), int(waiting)
+
+
+def postgres_cpu() -> dict[int, int]:
+    """CPU time (ns) of each PostgreSQL server process on the machine (its backends included)."""
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() == "postgres":
+                times[int(entry.name)] = int((entry / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return times
+
+
+Sched = tuple[tuple[int, int], dict[int, int]]
+"""A (``loop_thread_sched``, ``postgres_cpu``) reading."""
+
+
+def sched_shares(before: Sched, after: Sched, wall_s: float) -> dict[str, float]:
+    """Percent of the wall time between two (``loop_thread_sched``, ``postgres_cpu``) readings that
+    the event loop's thread ran, that it waited for a CPU, and that PostgreSQL's processes ran
+    (those started meanwhile from zero). Whether a loop that lags is busy with its own work, kept
+    off the CPU by others (PostgreSQL's among them), or neither (bench/NOTES.md, eighth session)."""
+    (run0, wait0), pg0 = before
+    (run1, wait1), pg1 = after
+    ns = max(1.0, wall_s * 1e9)
+    return {
+        "loop_thread_cpu_pct": 100 * (run1 - run0) / ns,
+        "loop_thread_runqueue_pct": 100 * (wait1 - wait0) / ns,
+        "postgres_cpu_pct": 100 * sum(t - pg0.get(p, 0) for p, t in pg1.items()) / ns,
+    }
+
+
 def probe_env(path: Path) -> dict[str, str]:
     """Environment that turns on bench/probe in a worker, its records going to ``path``."""
     search = [str(ROOT / "bench" / "probe"), *filter(None, [os.environ.get("PYTHONPATH")])]
