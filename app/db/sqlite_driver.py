@@ -1,5 +1,5 @@
-"""SQLite under SQLAlchemy with one trip to the connection's thread per statement, and one for a
-write transaction (its commit).
+"""SQLite under SQLAlchemy with one trip to the connection's thread per statement, and none for a
+write transaction.
 
 aiosqlite runs each SQLite connection in a thread of its own, and every call is a trip there and
 back: the call queued, the thread woken, its answer handed to the event loop. Through aiosqlite's
@@ -19,20 +19,20 @@ session), and on a busy worker each is also a turn of the event loop to wait for
 - ``commit()`` and ``rollback()`` outside a transaction are not sent. ``sqlite3`` does nothing
   then either (both look at ``sqlite3_get_autocommit`` first). Whether a transaction is open only
   changes by this connection's own calls, so it is read only while none is queued or running.
-- a write transaction's statements run on the event loop's thread, without a trip, while the
-  connection's thread is idle; its commit goes to the thread (it syncs the log to disk, as
-  ``synchronous`` says, and checkpoints it every thousand pages or so: not on the event loop). A
-  write transaction holds the process's write turn (``app.db.session.WriteSerializingSessionmaker``)
-  and every other write waits for it: with a trip per statement it held the turn for a turn of a
-  busy event loop per statement, and at the knee of one worker the turn was never free (a run's
-  start held it for 16-31 ms, and writes waited p50 175-290 / p99 750-1480 ms for it:
-  bench/NOTES.md, eighth session); now for one such turn, its commit's. Its first write (INSERT,
-  UPDATE, DELETE, REPLACE) runs here with SQLite's busy wait off: if another process holds the
-  write lock it goes to the thread, to wait there (the busy timeout) instead of on the event loop.
-  After it the connection holds the lock, and nothing of the transaction waits for another writer.
-  An ``executemany`` of more than ``FEW_ROWS`` rows (a group commit's thousands of events) goes to
-  the thread, where SQLite releases the GIL while it steps, and so do reads outside a transaction
-  (they run beside the event loop, and hold no turn).
+- a write transaction runs on the event loop's thread, without a trip, while the connection's
+  thread is idle: its statements and its commit. A write transaction holds the process's write turn
+  (``app.db.session.WriteSerializingSessionmaker``) and every other write waits for it: with a trip
+  per statement it held the turn for a turn of a busy event loop per statement, and at the knee of
+  one worker the turn was never free (a run's start held it for 28 ms, and starts waited 0.3-1.2 s
+  for it: bench/NOTES.md, eighth session); now for the statements' own time. Its first write
+  (INSERT, UPDATE, DELETE, REPLACE) runs here with SQLite's busy wait off: if another process holds
+  the write lock it goes to the thread, to wait there (the busy timeout) instead of on the event
+  loop. After it the connection holds the lock, and nothing of the transaction waits for another
+  writer. An ``executemany`` of more than ``FEW_ROWS`` rows (a group commit's thousands of events)
+  goes to the thread, where SQLite releases the GIL while it steps, and so does the commit of a
+  transaction any of whose statements went there (it writes hundreds of pages to the log, and
+  checkpoints it every thousand pages or so). Reads outside a transaction go to the thread too (they
+  run beside the event loop, and hold no turn).
 
 Built on aiosqlite's ``Connection`` and its ``_execute``/``_conn`` (pinned, pyproject.toml).
 """
@@ -118,6 +118,7 @@ class Cursor:
             done = connection._try_first_write(call)
         if done is None:
             done = await connection._execute(_run, connection._conn, call)
+            connection._sent_away = done.in_transaction
         connection._wrote(done)
         self._rows, self._at = done.rows, 0
         self.description, self.rowcount, self.lastrowid = done.description, done.rowcount, done.lastrowid
@@ -179,6 +180,9 @@ class Connection(aiosqlite.Connection):
         self._done = 0
         self._writing = False
         """A write of the open transaction succeeded: this connection holds SQLite's write lock."""
+        self._sent_away = False
+        """A statement of the open transaction went to the thread (many rows, or a wait for the
+        lock): its commit goes there too."""
         self._busy_timeout_ms: int | None = None
         """The connection's busy timeout, read once (at its first write here) to be put back."""
 
@@ -235,7 +239,7 @@ class Connection(aiosqlite.Connection):
 
     def _wrote(self, done: _Statement) -> None:
         if not done.in_transaction:
-            self._writing = False
+            self._writing = self._sent_away = False
         elif done.rowcount >= 0:  # a write, in a transaction, that succeeded: the lock is held
             self._writing = True
 
@@ -243,12 +247,16 @@ class Connection(aiosqlite.Connection):
         return Cursor(self)
 
     async def commit(self) -> None:
-        self._writing = False
+        if self._holds_write_lock() and not self._sent_away:
+            self._writing = False
+            self._conn.commit()  # here too: see the module's docstring
+            return
+        self._writing = self._sent_away = False
         if not self._idle_outside_transaction():
             await super().commit()
 
     async def rollback(self) -> None:
-        self._writing = False
+        self._writing = self._sent_away = False
         if not self._idle_outside_transaction():
             await super().rollback()
 
