@@ -1,6 +1,5 @@
 """The SQLite driver (app.db.sqlite_driver) under SQLAlchemy, on real SQLite files: one trip to the
-connection's thread per statement, none for a commit or rollback with no transaction to end, a
-write transaction on the event loop's thread (but a wait for another writer in the thread), and
+connection's thread per statement, none for a commit or rollback with no transaction to end, and
 everything else as SQLAlchemy's aiosqlite driver has it (rows, rowcount, lastrowid, errors,
 transactions, a rollback that undoes)."""
 
@@ -19,8 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.db import sqlite_driver
-from app.db.session import SQLITE_BUSY_TIMEOUT_MS, Database
-from tests.unit.streaming.doubles import wait_until
+from app.db.session import Database
 
 Trips = collections.Counter[str]
 
@@ -69,26 +67,15 @@ async def test_a_read_session_is_one_trip_a_statement_and_none_to_end(db: Databa
     assert trips == {"_run": 2}
 
 
-async def test_a_write_transaction_runs_here_and_is_seen_by_another_connection(
-    db: Database, trips: Trips, monkeypatch: pytest.MonkeyPatch
+async def test_a_write_commits_in_one_trip_and_is_seen_by_another_connection(
+    db: Database, trips: Trips
 ) -> None:
-    first_writes: list[object] = []
-    real = sqlite_driver.Connection._try_first_write
-
-    def counting(self: sqlite_driver.Connection, call: Callable[[sqlite3.Cursor], object]) -> Any:
-        first_writes.append(call)
-        return real(self, call)
-
-    monkeypatch.setattr(sqlite_driver.Connection, "_try_first_write", counting)
     async with db.sessionmaker.begin() as session:
         await session.execute(text("INSERT INTO t (name, n) VALUES ('d', 4)"))
         await session.execute(text("UPDATE t SET n = n + 10 WHERE name = 'a'"))
-        assert await session.scalar(text("SELECT n FROM t WHERE name = 'a'")) == 11
-        await session.execute(text("INSERT INTO t (name, n) VALUES (:name, :n)"), [{"name": "e", "n": 5}])
-    # The statements (the first write got the lock at once) and the commit: on the event loop's
-    # thread, no trip to the connection's; only the first write tried for the lock.
-    assert trips == {}
-    assert len(first_writes) == 1
+    assert trips["_run"] == 2
+    assert trips["commit"] == 1
+    assert trips["rollback"] == 0
     # A connection of its own (not the pool's): the write is on disk.
     other = await sqlite_driver.connect(str(db.engine.url.database))
     try:
@@ -108,88 +95,6 @@ async def test_a_failed_write_is_rolled_back(db: Database, trips: Trips) -> None
         assert await session.scalar(text("SELECT n FROM t WHERE name = 'b'")) == 2
         # The connection is usable after the error.
         assert await session.scalar(text("SELECT count(*) FROM t")) == 3
-    # And the next write transaction runs here again.
-    trips.clear()
-    async with db.sessionmaker.begin() as session:
-        await session.execute(text("UPDATE t SET n = 100 WHERE name = 'b'"))
-    assert trips == {}
-
-
-async def test_a_write_waits_for_another_processs_writer_in_the_thread(db: Database, trips: Trips) -> None:
-    # Another worker's transaction holds SQLite's write lock. The first write of ours must not wait
-    # for it on the event loop (SQLite's busy wait, up to the busy timeout, would stop every other
-    # request of the worker): it goes to the connection's thread, and waits there.
-    other = sqlite3.connect(str(db.engine.url.database), check_same_thread=False)
-    other.execute("BEGIN IMMEDIATE")
-    ticks = 0
-    longest_gap = 0.0  # the longest the event loop was held: SQLite's busy wait would be 5 s
-    loop = asyncio.get_running_loop()
-
-    async def tick() -> None:
-        nonlocal ticks, longest_gap
-        last = loop.time()
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.001)
-            now = loop.time()
-            longest_gap, last = max(longest_gap, now - last), now
-
-    async def write() -> None:
-        async with db.sessionmaker.begin() as session:
-            await session.execute(text("INSERT INTO t (name, n) VALUES ('w', 7)"))
-            await session.execute(text("UPDATE t SET n = n + 1 WHERE name = 'w'"))
-
-    ticker = asyncio.create_task(tick())
-    writing = asyncio.create_task(write())
-    try:
-        await wait_until(lambda: trips["_run"] == 1)  # the first write went to the thread
-        seen = ticks
-        await wait_until(lambda: ticks > seen + 20)  # and the event loop runs on meanwhile
-        assert not writing.done()
-        other.rollback()  # the other transaction ends: the lock is free
-        await asyncio.wait_for(writing, 10)
-    finally:
-        ticker.cancel()
-        other.close()
-    assert longest_gap < 2.0
-    # The lock taken in the thread, the next statement ran here, the commit in the thread again (as
-    # every commit of a transaction that went there); SQLite's busy wait is back as it was.
-    assert trips == {"_run": 1, "commit": 1}
-    async with db.sessionmaker() as session:
-        assert await session.scalar(text("SELECT n FROM t WHERE name = 'w'")) == 8
-        assert await session.scalar(text("PRAGMA busy_timeout")) == SQLITE_BUSY_TIMEOUT_MS
-
-
-async def test_many_rows_go_to_the_thread_and_a_few_run_here(db: Database, trips: Trips) -> None:
-    insert = text("INSERT INTO t (name, n) VALUES (:name, :n)")
-    async with db.sessionmaker.begin() as session:
-        await session.execute(text("UPDATE t SET n = 0 WHERE name = 'c'"))
-        await session.execute(insert, [{"name": f"m{i}", "n": i} for i in range(sqlite_driver.FEW_ROWS + 1)])
-        await session.execute(insert, [{"name": f"f{i}", "n": i} for i in range(3)])
-    assert trips == {"_run": 1, "commit": 1}  # and the commit with it
-    async with db.sessionmaker() as session:
-        assert await session.scalar(text("SELECT count(*) FROM t")) == 3 + sqlite_driver.FEW_ROWS + 1 + 3
-
-
-async def test_a_transaction_ended_by_a_statement_runs_nothing_more_here(db: Database) -> None:
-    connection = await sqlite_driver.connect(str(db.engine.url.database))
-    try:
-        cursor = connection.cursor()
-        await cursor.execute("INSERT INTO t (name, n) VALUES ('s', 1)")
-        assert connection._holds_write_lock()
-        await cursor.execute("COMMIT")  # not through commit(): the connection sees it ended
-        assert not connection._holds_write_lock()
-        sent = connection._sent
-        await cursor.execute("SELECT n FROM t WHERE name = 's'")
-        assert await cursor.fetchall() == [(1,)]
-        assert connection._sent == sent + 1  # a read outside a transaction: in the thread
-        # Ended where this driver does not see it (aiosqlite's own execute): seen all the same.
-        await cursor.execute("INSERT INTO t (name, n) VALUES ('s2', 2)")
-        assert connection._holds_write_lock()
-        await connection.execute("COMMIT")
-        assert not connection._holds_write_lock()
-    finally:
-        await connection.close()
 
 
 async def test_rowcount_lastrowid_executemany_and_fetches(db: Database) -> None:
@@ -224,7 +129,7 @@ async def test_errors_are_sqlalchemys_and_leave_the_connection_usable(db: Databa
 
 
 async def test_an_in_memory_database_works_too() -> None:
-    # SQLAlchemy's StaticPool keeps the one connection an in-memory database has.
+    # sqlite3's thread check stays on for :memory: (SQLAlchemy's StaticPool keeps one connection).
     database = Database("sqlite+aiosqlite://")
     try:
         async with database.sessionmaker.begin() as session:
