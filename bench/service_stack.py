@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -87,10 +88,14 @@ def machine_share(before: tuple[int, int, int], after: tuple[int, int, int]) -> 
     }
 
 
-def loop_thread_sched(pid: int) -> tuple[int, int]:
+def loop_thread_sched(pid: int) -> tuple[int, int] | None:
     """The main thread's (the event loop's) time on a CPU and time runnable but waiting for one,
-    in ns, from the scheduler (``/proc/<pid>/task/<pid>/schedstat``)."""
-    on_cpu, waiting, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    in ns, from the scheduler (``/proc/<pid>/task/<pid>/schedstat``); None where the kernel keeps
+    no such counts."""
+    try:
+        on_cpu, waiting, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return None
     return int(on_cpu), int(waiting)
 
 
@@ -108,23 +113,26 @@ def postgres_cpu() -> dict[int, int]:
     return times
 
 
-Sched = tuple[tuple[int, int], dict[int, int]]
+Sched = tuple[tuple[int, int] | None, dict[int, int]]
 """A (``loop_thread_sched``, ``postgres_cpu``) reading."""
 
 
 def sched_shares(before: Sched, after: Sched, wall_s: float) -> dict[str, float]:
-    """Percent of the wall time between two (``loop_thread_sched``, ``postgres_cpu``) readings that
-    the event loop's thread ran, that it waited for a CPU, and that PostgreSQL's processes ran
-    (those started meanwhile from zero). Whether a loop that lags is busy with its own work, kept
-    off the CPU by others (PostgreSQL's among them), or neither (bench/NOTES.md, eighth session)."""
-    (run0, wait0), pg0 = before
-    (run1, wait1), pg1 = after
+    """Percent of the wall time between two readings that the event loop's thread ran, that it
+    waited for a CPU, and that PostgreSQL's processes ran: whether a loop that lags is busy with
+    its own work, kept off the CPU by others (PostgreSQL's among them), or neither (bench/NOTES.md,
+    eighth session). PostgreSQL's share counts the processes alive at the end (one started
+    meanwhile from zero, a process id reused by a new one too), so one that ended during the level
+    is left out: a lower bound. NaN for the loop's thread where the kernel keeps no counts."""
     ns = max(1.0, wall_s * 1e9)
-    return {
-        "loop_thread_cpu_pct": 100 * (run1 - run0) / ns,
-        "loop_thread_runqueue_pct": 100 * (wait1 - wait0) / ns,
-        "postgres_cpu_pct": 100 * sum(t - pg0.get(p, 0) for p, t in pg1.items()) / ns,
-    }
+    (loop0, pg0), (loop1, pg1) = before, after
+    shares = {"loop_thread_cpu_pct": math.nan, "loop_thread_runqueue_pct": math.nan}
+    if loop0 is not None and loop1 is not None:
+        shares["loop_thread_cpu_pct"] = 100 * (loop1[0] - loop0[0]) / ns
+        shares["loop_thread_runqueue_pct"] = 100 * (loop1[1] - loop0[1]) / ns
+    ran = sum(t - pg0[p] if pg0.get(p, t + 1) <= t else t for p, t in pg1.items())
+    shares["postgres_cpu_pct"] = 100 * ran / ns
+    return shares
 
 
 def probe_env(path: Path) -> dict[str, str]:

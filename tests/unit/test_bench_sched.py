@@ -3,7 +3,9 @@ and PostgreSQL's processes (bench/service_stack.py)."""
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 import pytest
 
@@ -21,9 +23,23 @@ def test_shares_of_the_wall_time() -> None:
     assert shares["postgres_cpu_pct"] == pytest.approx(30.0)
 
 
+def test_a_process_id_reused_counts_from_zero_and_missing_counts_are_nan() -> None:
+    shares = sched_shares((None, {10: 900_000_000}), ((5, 5), {10: 100_000_000}), 1.0)
+    assert shares["postgres_cpu_pct"] == pytest.approx(10.0)  # a new process under an old id
+    assert math.isnan(shares["loop_thread_cpu_pct"])
+
+
 def test_the_readings_of_this_process() -> None:
-    on_cpu, waiting = loop_thread_sched(os.getpid())
-    sum(range(200_000))  # some CPU time for this thread
-    assert loop_thread_sched(os.getpid())[0] > on_cpu >= 0
-    assert waiting >= 0
+    before = loop_thread_sched(os.getpid())
+    assert before is not None
+    # The kernel moves a thread's count at a clock tick or a switch: run past a few ticks of
+    # this thread's own time, then let it be switched out.
+    start = time.thread_time()
+    while time.thread_time() - start < 0.03:
+        pass
+    time.sleep(0.001)
+    after = loop_thread_sched(os.getpid())
+    assert after is not None
+    assert after[0] > before[0] >= 0
+    assert after[1] >= before[1] >= 0
     assert all(ns >= 0 for ns in postgres_cpu().values())
