@@ -159,6 +159,23 @@ def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> Non
             cursor.close()
 
 
+def read_sessions(sessionmaker: async_sessionmaker[AsyncSession]) -> async_sessionmaker[AsyncSession]:
+    """Sessions for a read of one statement. On a server database they take no transaction (the
+    ``AUTOCOMMIT`` isolation level, on the same pool): a plain session's first statement began one
+    and its close rolled it back, two round trips and about a quarter of the session's CPU on the
+    event loop, a read's whole difference from its statement alone (bench/NOTES.md, eighth session).
+    One statement sees what it would see in a transaction at the server's default isolation, READ
+    COMMITTED, where each statement takes its own snapshot. On SQLite, ``sessionmaker`` itself:
+    ``sqlite3`` begins no transaction for a read."""
+    bind = sessionmaker.kw.get("bind")
+    if not isinstance(bind, AsyncEngine) or bind.dialect.name == "sqlite":
+        return sessionmaker
+    return async_sessionmaker(
+        bind.execution_options(isolation_level="AUTOCOMMIT"),
+        expire_on_commit=sessionmaker.kw.get("expire_on_commit", True),
+    )
+
+
 class WriteSerializingSessionmaker(async_sessionmaker[AsyncSession]):
     """For SQLite: the write transactions (``begin()``) of one process take turns, first come first
     served, while reads (plain sessions) still run side by side.

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 
-from app.db.session import POSTGRES_POOL_SIZE, SQLITE_POOL_SIZE, Database
+from app.db.repositories import ConversationRepo, RunRepo
+from app.db.session import POSTGRES_POOL_SIZE, SQLITE_POOL_SIZE, Database, read_sessions
 from tests.integration.conftest import PostgresServer, run_in_own_loop
 from tests.support.server import async_wait_until
 
@@ -65,6 +66,49 @@ async def test_sqlite_pool_keeps_the_connections_a_peak_opened(tmp_path: Path) -
         for conn in held:
             await conn.close()
         assert db.engine.pool.checkedin() == peak  # type: ignore[attr-defined]
+    finally:
+        await db.dispose()
+
+
+async def test_reads_on_sqlite_are_the_plain_sessions(tmp_path: Path) -> None:
+    db = Database(f"sqlite+aiosqlite:///{tmp_path / 'reads.db'}")
+    try:
+        assert read_sessions(db.sessionmaker) is db.sessionmaker  # sqlite3 begins nothing for a read
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_reads_of_one_statement_take_no_transaction(
+    postgres_server: PostgresServer, postgres_migrated_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain session began a transaction at its first statement and rolled it back at its close:
+    # two round trips for a read of one row (bench/NOTES.md, eighth session).
+    db = Database(postgres_server.async_url(postgres_migrated_database))
+    sent: list[str] = []
+    real = asyncpg.Connection.execute
+
+    async def counting(self: asyncpg.Connection, query: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(query.split()[0].rstrip(";").upper())  # BEGIN [ISOLATION LEVEL ...]
+        return await real(self, query, *args, **kwargs)
+
+    try:
+        conversations, runs = ConversationRepo(db.sessionmaker), RunRepo(db.sessionmaker)
+        conv = await conversations.create("owner", "a title", {})
+        sent.clear()
+        monkeypatch.setattr(asyncpg.Connection, "execute", counting)
+        found = await conversations.get("owner", conv.id)
+        assert found is not None and found.id == conv.id
+        assert await conversations.get("someone else", conv.id) is None
+        assert await runs.active(conv.id) is None
+        assert sent == []  # no BEGIN, no ROLLBACK
+        # The pool's connections still begin transactions for everything else.
+        async with db.sessionmaker() as session:
+            await session.execute(text("SELECT 1"))
+        assert sent == ["BEGIN", "ROLLBACK"]
+        sent.clear()
+        await conversations.create("owner", "another", {})
+        assert sent[0] == "BEGIN" and sent[-1] == "COMMIT"
     finally:
         await db.dispose()
 

@@ -30,6 +30,7 @@ from app.db.repositories.rows import (
     new_conversation_id,
     path_to,
 )
+from app.db.session import read_sessions
 from app.llm.base import ChatMessage
 
 _ACTIVE_RUN_OF = select(_runs.c.id).where(
@@ -40,6 +41,7 @@ _ACTIVE_RUN_OF = select(_runs.c.id).where(
 class ConversationRepo:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
+        self._reads = read_sessions(sessionmaker)  # a conversation's owner check, twice a run
 
     async def create(self, owner: str, title: str, agent_config: dict[str, Any]) -> ConversationRecord:
         record = new_conversation(owner, title, agent_config)
@@ -49,7 +51,7 @@ class ConversationRepo:
 
     async def get(self, owner: str, conversation_id: str) -> ConversationRecord | None:
         """The conversation if ``owner`` owns it; None otherwise (another owner's looks absent)."""
-        async with self._sessionmaker() as session:
+        async with self._reads() as session:
             row = (
                 await session.execute(_CONVERSATION_OF_OWNER, {"b_id": conversation_id, "b_owner": owner})
             ).first()

@@ -41,6 +41,7 @@ from app.db.repositories.rows import (
 )
 from app.db.repositories.run_notices import NOTIFY, RunNotices
 from app.db.repositories.run_start import UNDER_HEAD, Opening, Placement, insert_start
+from app.db.session import read_sessions
 from app.llm.base import ChatMessage
 from app.streaming.bus import StoredEvent
 
@@ -92,6 +93,7 @@ class RunRepo:
         """``notices``: told of each close in its transaction, when the run has listeners (the
         webhooks' outbox); None: nobody is told (tests of the runs alone)."""
         self._sessionmaker = sessionmaker
+        self._reads = read_sessions(sessionmaker)  # a run by id or the conversation's active one
         self._notices = notices
 
     @staticmethod
@@ -557,7 +559,7 @@ class RunRepo:
         return counts
 
     async def _one(self, query: Any, params: dict[str, Any]) -> RunRecord | None:
-        async with self._sessionmaker() as session:
+        async with self._reads() as session:
             row = (await session.execute(query, params)).first()
         return _run_record(row) if row is not None else None
 
