@@ -57,16 +57,24 @@ async def test_a_plain_sqlite_url_gets_the_async_driver(tmp_path: Path) -> None:
 async def test_sqlite_pool_keeps_the_connections_a_peak_opened(tmp_path: Path) -> None:
     # As on PostgreSQL: an overflow connection was closed when given back and opened again at the
     # next peak (a thread started, the file opened, its pragmas set; bench/NOTES.md, eighth session).
-    db = Database(f"sqlite+aiosqlite:///{tmp_path / 'pool.db'}")
-    peak = SQLITE_POOL_SIZE - 2
+    await _a_peak_stays_in_the_pool(f"sqlite+aiosqlite:///{tmp_path / 'pool.db'}", SQLITE_POOL_SIZE - 2)
+
+
+async def _a_peak_stays_in_the_pool(url: str, peak: int) -> None:
+    """``peak`` connections at once, given back: all still in the pool after."""
+    db = Database(url)
+    held = []
     try:
-        held = [await db.engine.connect() for _ in range(peak)]
+        for _ in range(peak):
+            held.append(await db.engine.connect())
         for conn in held:
             await conn.execute(text("SELECT 1"))
-        for conn in held:
-            await conn.close()
+        while held:
+            await held.pop().close()
         assert db.engine.pool.checkedin() == peak  # type: ignore[attr-defined]
     finally:
+        for conn in held:
+            await conn.close()
         await db.dispose()
 
 
@@ -119,17 +127,8 @@ async def test_postgres_pool_keeps_the_connections_a_peak_opened(
 ) -> None:
     # A connection opened for a peak and closed when given back is opened again at the next one:
     # a login and the statements prepared anew, on the event loop (bench/NOTES.md, seventh session).
-    db = Database(postgres_server.async_url(postgres_migrated_database))
-    peak = POSTGRES_POOL_SIZE - 5
-    try:
-        held = [await db.engine.connect() for _ in range(peak)]
-        for conn in held:
-            await conn.execute(text("SELECT 1"))
-        for conn in held:
-            await conn.close()
-        assert db.engine.pool.checkedin() == peak  # type: ignore[attr-defined]
-    finally:
-        await db.dispose()
+    url = postgres_server.async_url(postgres_migrated_database)
+    await _a_peak_stays_in_the_pool(url, POSTGRES_POOL_SIZE - 5)
 
 
 @pytest.mark.postgres
