@@ -83,8 +83,8 @@ def create_engine(
         if path is not None and poolclass is None:
             # The most SQLAlchemy's default allows (5 + 10 overflow), all kept: an overflow
             # connection was closed when given back and opened at the next peak (a thread started,
-            # the file opened, the pragmas and SQLAlchemy's functions set up), on a busy worker
-            # most of a connection a run (bench/NOTES.md, eighth session).
+            # the file opened, the pragmas and SQLAlchemy's functions set up): 0.77 opened a run
+            # at 50 runs at a time (bench/NOTES.md, eighth session).
             kwargs.update(pool_size=SQLITE_POOL_SIZE, max_overflow=0)
         engine = create_async_engine(
             parsed, async_creator=partial(sqlite_driver.connect, *args, **params), **kwargs
@@ -160,13 +160,12 @@ def _configure_sqlite(engine: AsyncEngine, *, enforce_foreign_keys: bool) -> Non
 
 
 def read_sessions(sessionmaker: async_sessionmaker[AsyncSession]) -> async_sessionmaker[AsyncSession]:
-    """Sessions for a read of one statement. On a server database they take no transaction (the
-    ``AUTOCOMMIT`` isolation level, on the same pool): a plain session's first statement began one
-    and its close rolled it back, two round trips and about a quarter of the session's CPU on the
-    event loop, a read's whole difference from its statement alone (bench/NOTES.md, eighth session).
-    One statement sees what it would see in a transaction at the server's default isolation, READ
-    COMMITTED, where each statement takes its own snapshot. On SQLite, ``sessionmaker`` itself:
-    ``sqlite3`` begins no transaction for a read."""
+    """Sessions for reads of one statement. On a server database they open no transaction (the
+    ``AUTOCOMMIT`` isolation level, on the same pool): a plain session sends BEGIN before its first
+    statement and ROLLBACK at its close, two round trips and about a quarter of such a read's CPU on
+    the event loop (bench/NOTES.md, eighth session). The server runs a statement sent alone as a
+    transaction of its own, so it sees what it saw as the only statement of ours. On SQLite,
+    ``sessionmaker`` itself: ``sqlite3`` begins no transaction for a read."""
     bind = sessionmaker.kw.get("bind")
     if not isinstance(bind, AsyncEngine) or bind.dialect.name == "sqlite":
         return sessionmaker
