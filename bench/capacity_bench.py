@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ from typing import Any
 from bench.capacity_client import Level, agentstream_run, langgraph_run, run_level
 from bench.capacity_procs import CpuMeter, RedisClusterNodes, RedisNode, load_generator_on, pin
 from bench.fakellm import timed_args
+from bench.measure import emit
 from bench.service_stack import ROOT, Stack, machine_cpu, machine_share, probe_env, probe_summary, rss_mb
 
 PEERS_BIN = ROOT / "bench" / ".venv-peers" / "bin"
@@ -430,14 +430,6 @@ def _no_nan(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_no_nan(v) for v in value]
     return value
-
-
-def emit(result: Any, out: str) -> None:
-    """A bench script's result: one JSON line on stdout, and the same in the file ``out`` if named."""
-    text = json.dumps(result, default=str)
-    print(text, flush=True)
-    if out:
-        Path(out).write_text(text + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.capacity_bench import FLOOR, GUARDED, emit
+from bench.capacity_bench import FLOOR, GUARDED
 from bench.capacity_client import Level
 from bench.fakellm import timed_args
 from bench.instructions import stream_runs
+from bench.measure import emit
 from bench.service_stack import Stack
 
 SUBJECTS = {"one": "app.main:create_app", "floor": FLOOR, "guarded": GUARDED}

@@ -42,9 +42,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.capacity_bench import FLOOR, GUARDED, emit
+from bench.capacity_bench import FLOOR, GUARDED
 from bench.capacity_client import Level, agentstream_run
 from bench.fakellm import timed_args
+from bench.measure import emit
 from bench.service_stack import ROOT, Stack
 from bench.wire import Connection
 

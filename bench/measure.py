@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 QUESTION = "Add one to each number from 0 to 4, one tool call at a time, then tell me about it."
 ADD_SCHEMA = {
@@ -130,5 +131,9 @@ async def measure(
     return result
 
 
-def emit(result: dict[str, object]) -> None:
-    print(json.dumps(result), flush=True)
+def emit(result: object, out: str = "") -> None:
+    """A bench script's result: one JSON line on stdout, and the same in the file ``out`` if named."""
+    text = json.dumps(result, default=str)
+    print(text, flush=True)
+    if out:
+        Path(out).write_text(text + "\n")
