@@ -130,7 +130,8 @@ def sched_shares(before: Sched, after: Sched, wall_s: float) -> dict[str, float]
     if loop0 is not None and loop1 is not None:
         shares["loop_thread_cpu_pct"] = 100 * (loop1[0] - loop0[0]) / ns
         shares["loop_thread_runqueue_pct"] = 100 * (loop1[1] - loop0[1]) / ns
-    ran = sum(t - pg0[p] if pg0.get(p, t + 1) <= t else t for p, t in pg1.items())
+    # From zero for a process started meanwhile, or one whose id was reused (its count went down).
+    ran = sum(t - pg0.get(p, 0) if t >= pg0.get(p, 0) else t for p, t in pg1.items())
     shares["postgres_cpu_pct"] = 100 * ran / ns
     return shares
 
