@@ -442,9 +442,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--subjects",
         nargs="+",
         choices=list(SUBJECTS),
-        default=["floor", "one", "one-pg", "two", "langgraph"],
-        help="floor: the bare relay; guarded: the floor with the guarantees kept (not in the default); "
-        "one, one-pg, two: AgentStream's workers on SQLite, PostgreSQL, SQLite",
+        default=["floor", "guarded", "one", "one-pg", "two", "langgraph"],
+        help="floor: the bare relay; guarded: the floor with the guarantees kept (Redis and SQLite, "
+        "written the cheapest way); one, one-pg, two: AgentStream's workers on SQLite, PostgreSQL, SQLite",
     )
     k.add_argument(
         "--levels",

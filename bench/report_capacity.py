@@ -102,6 +102,19 @@ def _floor_rows(knee: dict) -> list[Row]:
                 (start < START_P99_MS) if start is not None else None,
             )
         )
+    guarded = compared.get("guarded")
+    if guarded is not None:
+        # What the guarantees cost at the least: the line under which no keeper of them can go.
+        cpu = guarded.get("cpu_per_token") or {}
+        rows.append(
+            (
+                "C",
+                "knee: the guarded floor (bench/peers/guarded_relay.py) / the floor's; CPU per token",
+                f"{fmt(guarded.get('knee_ratio'), 'x', 2)} ({_knee_measured(_subject(knee, 'guarded'))[0]}); "
+                f"{fmt(cpu.get('cpu_per_token_ratio'), 'x', 2)} at {cpu.get('users', 'n/a')} users",
+                None,
+            )
+        )
     two = compared.get("two") or {}
     rows.append(
         (
