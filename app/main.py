@@ -94,7 +94,8 @@ async def build_services(settings: Settings) -> Services:
         settings, wrap=lambda spec, llm: InstrumentedLLM(llm, metrics, spec.name, tracing.chat_spans(spec))
     )
     await asyncio.to_thread(upgrade_database, settings.database_url)
-    db = Database(settings.database_url)
+    # A transaction idle past the run lease is a stalled worker's: the server ends it.
+    db = Database(settings.database_url, stalled_transaction_s=settings.run_lease_s)
     conversations_repo = ConversationRepo(db.sessionmaker)
     worker_id = new_worker_id()
     # Runs that wait or end store what their webhooks and push configs are owed in the same

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -62,12 +63,18 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def create_engine(
-    url: str | URL, *, enforce_foreign_keys: bool = True, poolclass: type[Pool] | None = None
+    url: str | URL,
+    *,
+    enforce_foreign_keys: bool = True,
+    poolclass: type[Pool] | None = None,
+    stalled_transaction_s: float | None = None,
 ) -> AsyncEngine:
     """An async engine for ``url`` set up for its dialect.
 
     ``enforce_foreign_keys=False`` is for migrations only: SQLite batch migrations rebuild a table
     by dropping it, and with foreign keys on that drop would cascade-delete the child rows.
+    ``stalled_transaction_s``: on PostgreSQL, the server ends a session of this engine that sits
+    idle inside a transaction for longer (``postgres_connect_args``).
     """
     parsed = async_database_url(url)
     kwargs: dict[str, Any] = {}
@@ -101,15 +108,36 @@ def create_engine(
             # and token delivery p50 / p99 were 84-99 / 149-172 ms, against 34-35 / 88-96 ms with the
             # same 30 kept (bench/NOTES.md, seventh session).
             kwargs.update(pool_size=POSTGRES_POOL_SIZE, max_overflow=0)
-        kwargs["connect_args"] = postgres_connect_args()
+        kwargs["connect_args"] = postgres_connect_args(stalled_transaction_s)
         engine = create_async_engine(parsed, **kwargs)
         event.listen(engine.sync_engine, "checkout", _check_alive)
         return engine
     return create_async_engine(parsed, **kwargs)
 
 
-def postgres_connect_args() -> dict[str, Any]:
-    return {"command_timeout": POSTGRES_COMMAND_TIMEOUT_S}
+POSTGRES_MAX_TIMEOUT_MS = 2**31 - 1
+"""The largest value PostgreSQL takes for a timeout setting (about 24.8 days)."""
+
+
+def postgres_connect_args(stalled_transaction_s: float | None = None) -> dict[str, Any]:
+    """asyncpg's arguments. With ``stalled_transaction_s``, the server ends the session of a
+    transaction left idle between statements for longer (``idle_in_transaction_session_timeout``,
+    sent at connect; at least 1 s).
+
+    A worker that stalls inside a write transaction (its process frozen, its host paused, a
+    partition that leaves its connection open) keeps that transaction's row locks. Several lock
+    their run's row: a lease renewal, a fenced event save, a run's close or park, an approval's
+    decision. A claim of the run waits for that lock, as long as the stall lasts, where the run's
+    lease says it may be carried on (RUNS.md R-03). Given the run lease, a transaction idle that
+    long is a dead worker's: ending it frees its locks, and what it held back never commits. A
+    worker's transactions wait on nothing but their own statements. (A stall in the middle of
+    sending one statement, such as a batch insert of more than asyncpg's 128 KB chunk, is not
+    idle to the server: the claim then waits for the claimer's ``command_timeout``.)"""
+    args: dict[str, Any] = {"command_timeout": POSTGRES_COMMAND_TIMEOUT_S}
+    if stalled_transaction_s is not None:
+        ms = min(POSTGRES_MAX_TIMEOUT_MS, max(1000, math.ceil(stalled_transaction_s * 1000)))
+        args["server_settings"] = {"idle_in_transaction_session_timeout": str(ms)}
+    return args
 
 
 def _pending_input(driver_connection: Any) -> bool:
@@ -207,8 +235,10 @@ class WriteSerializingSessionmaker(async_sessionmaker[AsyncSession]):
 class Database:
     """One async engine and its session factory; build it in the app's lifespan, dispose it at the end."""
 
-    def __init__(self, url: str) -> None:
-        self.engine: AsyncEngine = create_engine(url)
+    def __init__(self, url: str, *, stalled_transaction_s: float | None = None) -> None:
+        """``stalled_transaction_s``: the run lease, past which a transaction left idle is a
+        stalled worker's and the server ends it (PostgreSQL; ``postgres_connect_args``)."""
+        self.engine: AsyncEngine = create_engine(url, stalled_transaction_s=stalled_transaction_s)
         factory = WriteSerializingSessionmaker if self.engine.dialect.name == "sqlite" else async_sessionmaker
         self.sessionmaker: async_sessionmaker[AsyncSession] = factory(self.engine, expire_on_commit=False)
         # Lease renewal must not queue behind a busy pool: a worker whose requests exhaust the pool
@@ -223,7 +253,7 @@ class Database:
                 pool_size=1,
                 max_overflow=1,
                 pool_pre_ping=True,
-                connect_args=postgres_connect_args(),
+                connect_args=postgres_connect_args(stalled_transaction_s),
             )
             self.lease_sessionmaker = async_sessionmaker(self._lease_engine, expire_on_commit=False)
 
